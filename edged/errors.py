@@ -1,0 +1,52 @@
+"""Protocol-neutral errors with Triton's codes; each frontend maps the code to its own status."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    """The TRITONSERVER_Error_Code values, by name."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+class EdgedError(Exception):
+    """An error a client may see. ``message`` must never hold a stack trace or an internal path."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"EdgedError({self.code.name}, {self.message!r})"
+
+
+def invalid_arg(message: str) -> EdgedError:
+    return EdgedError(ErrorCode.INVALID_ARG, message)
+
+
+def not_found(message: str) -> EdgedError:
+    return EdgedError(ErrorCode.NOT_FOUND, message)
+
+
+def unavailable(message: str) -> EdgedError:
+    return EdgedError(ErrorCode.UNAVAILABLE, message)
+
+
+def unsupported(message: str) -> EdgedError:
+    return EdgedError(ErrorCode.UNSUPPORTED, message)
+
+
+def internal(message: str) -> EdgedError:
+    return EdgedError(ErrorCode.INTERNAL, message)
