@@ -1,0 +1,355 @@
+"""ONNX Runtime: one InferenceSession per model instance, run in-process.
+
+ONNX Runtime releases the GIL inside ``run``, so sessions of different instances execute in parallel on the
+scheduler's worker threads while the event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnxruntime as ort
+
+from edged.core.datatypes import CONFIG_BY_WIRE_NAME, WIRE_NAME_BY_CONFIG
+from edged.core.inference import InferOutput, InferResponse
+from edged.errors import EdgedError, ErrorCode
+
+if TYPE_CHECKING:
+    from edged.backends.base import LoadContext
+    from edged.core.inference import InferRequest
+    from edged.proto.model_config_pb2 import ModelConfig, ModelInstanceGroup
+
+log = logging.getLogger(__name__)
+
+# ONNX Runtime's element type strings -> the protocol's datatype names.
+_WIRE_BY_ORT_TYPE: dict[str, str] = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+    "tensor(bfloat16)": "BF16",
+}
+# optimization.execution_accelerators names -> ONNX Runtime execution providers.
+_PROVIDER_BY_ACCELERATOR: dict[str, str] = {
+    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+}
+# optimization.graph.level as Triton's onnxruntime backend reads it.
+_GRAPH_LEVELS: dict[int, ort.GraphOptimizationLevel] = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    0: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+}
+KIND_AUTO, KIND_GPU, KIND_CPU, KIND_MODEL = 0, 1, 2, 3
+
+
+def _is_dynamic(dim: Any) -> bool:
+    return not isinstance(dim, int) or dim < 0
+
+
+def _dims(shape: Sequence[Any]) -> list[int]:
+    return [-1 if _is_dynamic(d) else int(d) for d in shape]
+
+
+class OnnxRuntimeBackend:
+    def auto_complete_config(
+        self, config: ModelConfig, context: LoadContext, default_max_batch_size: int
+    ) -> None:
+        session = _open_session(context, ort.SessionOptions(), ["CPUExecutionProvider"])
+        inputs, outputs = session.get_inputs(), session.get_outputs()
+        tensors = [*inputs, *outputs]
+        # A model batches when every input and output has a variable leading dimension, as Triton decides.
+        batching = bool(tensors) and all(len(t.shape) > 0 and _is_dynamic(t.shape[0]) for t in tensors)
+        if config.max_batch_size == 0 and batching and not config.input and not config.output:
+            config.max_batch_size = default_max_batch_size
+            if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
+                config.dynamic_batching.SetInParent()
+        skip = 1 if config.max_batch_size > 0 else 0
+        if not config.input:
+            for tensor in inputs:
+                entry = config.input.add(name=tensor.name, data_type=_config_type(context, tensor.type))
+                entry.dims.extend(_dims(tensor.shape[skip:]))
+        if not config.output:
+            for tensor in outputs:
+                entry = config.output.add(name=tensor.name, data_type=_config_type(context, tensor.type))
+                entry.dims.extend(_dims(tensor.shape[skip:]))
+
+    def load(self, config: ModelConfig, context: LoadContext) -> OnnxRuntimeModel:
+        options = _session_options(config)
+        instances: list[OnnxRuntimeInstance] = []
+        for group in config.instance_group:
+            for device_id in _devices(group):
+                providers = _providers(config, group, device_id)
+                index = len([i for i in instances if i.group == group.name])
+                session = _open_session(context, options, providers)
+                if not instances:
+                    _check_io(config, context, session)
+                instances.append(OnnxRuntimeInstance(f"{group.name}_{index}", group.name, config, session))
+        return OnnxRuntimeModel(instances)
+
+
+class OnnxRuntimeModel:
+    def __init__(self, instances: list[OnnxRuntimeInstance]) -> None:
+        self._instances = instances
+
+    @property
+    def instances(self) -> Sequence[OnnxRuntimeInstance]:
+        return self._instances
+
+    def unload(self) -> None:
+        # Sessions free their memory when the last reference goes; dropping ours is the whole unload.
+        self._instances = []
+
+
+class OnnxRuntimeInstance:
+    def __init__(self, name: str, group: str, config: ModelConfig, session: ort.InferenceSession) -> None:
+        self._name = name
+        self.group = group
+        self._session = session
+        self._model_name = config.name
+        self._batching = config.max_batch_size > 0
+        self._output_types = {o.name: WIRE_NAME_BY_CONFIG[o.data_type] for o in config.output}
+        self._all_outputs = [o.name for o in config.output]
+        self._reshape_in = {i.name: tuple(i.reshape.shape) for i in config.input if i.HasField("reshape")}
+        self._reshape_out = {o.name: tuple(o.reshape.shape) for o in config.output if o.HasField("reshape")}
+        self._dims_out = {o.name: tuple(o.dims) for o in config.output}
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse | EdgedError]:
+        try:
+            if len(requests) == 1:
+                return [self._execute_one(requests[0])]
+            return self._execute_batch(requests)
+        except EdgedError as exc:
+            return [exc] * len(requests)
+        except Exception as exc:  # ONNX Runtime raises its own exception types for run-time failures
+            error = EdgedError(ErrorCode.INTERNAL, f"onnx runtime error: {_first_line(exc)}")
+            return [error] * len(requests)
+
+    def _execute_one(self, request: InferRequest) -> InferResponse:
+        feeds = {t.name: self._feed(t.name, t.data, request.batch_size) for t in request.inputs}
+        names = self._output_names([request])
+        results = self._session.run(names, feeds)
+        outputs = [
+            self._output(name, array, request.batch_size) for name, array in zip(names, results, strict=True)
+        ]
+        return InferResponse(request.model_name, str(request.model_version), request.id, outputs)
+
+    def _execute_batch(self, requests: Sequence[InferRequest]) -> list[InferResponse | EdgedError]:
+        # Requests of one batch have the same inputs and non-batch shapes (the batcher guarantees it), so their
+        # tensors concatenate along the batch dimension; this copy is the price of one run for many requests.
+        total = sum(r.batch_size for r in requests)
+        feeds = {
+            tensor.name: self._feed(tensor.name, np.concatenate([r.inputs[i].data for r in requests]), total)
+            for i, tensor in enumerate(requests[0].inputs)
+        }
+        names = self._output_names(requests)
+        results = self._session.run(names, feeds)
+        responses: list[InferResponse | EdgedError] = []
+        start = 0
+        for request in requests:
+            end = start + request.batch_size
+            outputs = [
+                self._output(name, array[start:end], request.batch_size)
+                for name, array in zip(names, results, strict=True)
+            ]
+            responses.append(
+                InferResponse(request.model_name, str(request.model_version), request.id, outputs)
+            )
+            start = end
+        return responses
+
+    def _output_names(self, requests: Sequence[InferRequest]) -> list[str]:
+        wanted: list[str] = []
+        for request in requests:
+            if request.outputs is None:
+                return self._all_outputs
+            wanted.extend(o.name for o in request.outputs if o.name not in wanted)
+        return wanted
+
+    def _feed(self, name: str, data: np.ndarray[Any, Any], batch_size: int) -> np.ndarray[Any, Any]:
+        if data.dtype == np.object_:
+            data = _utf8_strings(name, data)
+        shape = self._reshape_in.get(name)
+        if shape is not None:
+            data = data.reshape(((batch_size,) if self._batching else ()) + shape)
+        return data
+
+    def _output(self, name: str, array: Any, batch_size: int) -> InferOutput:
+        datatype = self._output_types.get(name, "")
+        if datatype == "BYTES":
+            array = np.array(
+                [s.encode("utf-8") if isinstance(s, str) else s for s in array.ravel()], dtype=np.object_
+            ).reshape(array.shape)
+        if name in self._reshape_out:
+            array = array.reshape(((batch_size,) if self._batching else ()) + self._dims_out[name])
+        return InferOutput(name, datatype, tuple(array.shape), array)
+
+
+def _utf8_strings(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    # onnxruntime's Python binding takes string tensors as str objects (bytes would be stored as their repr).
+    out = np.empty(data.shape, dtype=np.object_)
+    flat_in, flat_out = data.ravel(), out.ravel()
+    try:
+        for i, item in enumerate(flat_in):
+            flat_out[i] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+    except UnicodeDecodeError:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"input '{name}' holds bytes that are not UTF-8, which onnxruntime cannot take",
+        ) from None
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _config_type(context: LoadContext, ort_type: str) -> int:
+    wire = _WIRE_BY_ORT_TYPE.get(ort_type)
+    if wire is None:
+        raise EdgedError(
+            ErrorCode.UNSUPPORTED, f"unsupported tensor type '{ort_type}' in model '{context.model_name}'"
+        )
+    return CONFIG_BY_WIRE_NAME[wire]
+
+
+def _open_session(
+    context: LoadContext, options: ort.SessionOptions, providers: list[Any]
+) -> ort.InferenceSession:
+    path = context.model_file
+    if path.is_dir():
+        path = path / "model.onnx"
+    if not path.is_file():
+        raise EdgedError(
+            ErrorCode.UNAVAILABLE,
+            f"unable to find '{context.model_file.name}' for version {context.version} of model "
+            f"'{context.model_name}'",
+        )
+    try:
+        return ort.InferenceSession(os.fspath(path), options, providers=providers)
+    except Exception as exc:  # onnxruntime reports invalid graphs as several exception types
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"onnx runtime error loading model '{context.model_name}': {_first_line(exc)}",
+        ) from None
+
+
+def _session_options(config: ModelConfig) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    try:
+        if "intra_op_thread_count" in params:
+            options.intra_op_num_threads = int(params["intra_op_thread_count"])
+        if "inter_op_thread_count" in params:
+            options.inter_op_num_threads = int(params["inter_op_thread_count"])
+        if params.get("execution_mode") == "1":
+            options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        if "enable_mem_arena" in params:
+            options.enable_cpu_mem_arena = params["enable_mem_arena"] not in ("0", "false")
+    except ValueError as exc:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG, f"invalid onnxruntime parameter for '{config.name}': {exc}"
+        ) from None
+    if config.optimization.HasField("graph"):
+        level = _GRAPH_LEVELS.get(config.optimization.graph.level)
+        if level is None:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"unknown optimization.graph.level {config.optimization.graph.level} for '{config.name}'",
+            )
+        options.graph_optimization_level = level
+    return options
+
+
+def _devices(group: ModelInstanceGroup) -> list[int]:
+    gpus = list(group.gpus) if group.kind == KIND_GPU and group.gpus else [0]
+    return [device for device in gpus for _ in range(group.count)]
+
+
+def _providers(config: ModelConfig, group: ModelInstanceGroup, device_id: int) -> list[Any]:
+    available = set(ort.get_available_providers())
+    providers: list[Any] = []
+    accelerators = config.optimization.execution_accelerators
+    if group.kind == KIND_GPU:
+        for accelerator in accelerators.gpu_execution_accelerator:
+            providers.append(_accelerator(config, accelerator.name, available, device_id))
+        if "CUDAExecutionProvider" not in available:
+            raise EdgedError(
+                ErrorCode.UNAVAILABLE,
+                f"instance group '{group.name}' of model '{config.name}' asks for KIND_GPU, but this device "
+                "has no CUDA-capable onnxruntime (CUDAExecutionProvider is not available)",
+            )
+        if not any(p[0] == "CUDAExecutionProvider" for p in providers):
+            providers.append(("CUDAExecutionProvider", {"device_id": device_id}))
+    else:
+        for accelerator in accelerators.cpu_execution_accelerator:
+            providers.append(_accelerator(config, accelerator.name, available, device_id))
+    providers.append(("CPUExecutionProvider", {}))
+    return providers
+
+
+def _accelerator(
+    config: ModelConfig, name: str, available: set[str], device_id: int
+) -> tuple[str, dict[str, Any]]:
+    provider = _PROVIDER_BY_ACCELERATOR.get(name)
+    if provider is None:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG, f"unknown execution accelerator '{name}' for model '{config.name}'"
+        )
+    if provider not in available:
+        raise EdgedError(
+            ErrorCode.UNAVAILABLE,
+            f"execution accelerator '{name}' of model '{config.name}' needs onnxruntime's {provider}, which is "
+            "not available on this device",
+        )
+    options: dict[str, Any] = {"device_id": device_id} if provider != "OpenVINOExecutionProvider" else {}
+    return provider, options
+
+
+def _check_io(config: ModelConfig, context: LoadContext, session: ort.InferenceSession) -> None:
+    """The config must agree with the graph on names and types, or requests would fail one by one later."""
+    for kind, declared, actual in (
+        ("input", config.input, session.get_inputs()),
+        ("output", config.output, session.get_outputs()),
+    ):
+        by_name = {t.name: t for t in actual}
+        for tensor in declared:
+            found = by_name.get(tensor.name)
+            if found is None:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"unable to load model '{context.model_name}', unexpected {kind} '{tensor.name}' in the "
+                    f"configuration; the model has {sorted(by_name)}",
+                )
+            model_type = _config_type(context, found.type)
+            if model_type != tensor.data_type:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"unable to load model '{context.model_name}', configuration expects datatype "
+                    f"{_type_name(tensor.data_type)} for {kind} '{tensor.name}', model provides "
+                    f"{_type_name(model_type)}",
+                )
+
+
+def _type_name(config_type: int) -> str:
+    wire = WIRE_NAME_BY_CONFIG.get(config_type, "INVALID")
+    return "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"

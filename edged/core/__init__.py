@@ -1,0 +1,1 @@
+"""The protocol-neutral core: model configs, the repository, request validation, scheduling."""

@@ -1,0 +1,35 @@
+"""The classification extension: an output replaced by its top-K entries as "value:index[:label]" strings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edged.errors import invalid_arg
+
+
+def classify(
+    output_name: str, array: np.ndarray[Any, Any], k: int, labels: list[str] | None, batching: bool
+) -> np.ndarray[Any, Any]:
+    """Top-``k`` classes of each batch item (or of the whole tensor without batching), as a BYTES array."""
+    if array.dtype.kind not in "biuf":
+        raise invalid_arg(f"class result not available for output '{output_name}' due to unsupported type")
+    rows = array.reshape(array.shape[0], -1) if batching and array.ndim > 0 else array.reshape(1, -1)
+    count = min(k, rows.shape[1])
+    result = np.empty((rows.shape[0], count), dtype=np.object_)
+    for r, row in enumerate(rows):
+        # A stable sort keeps the lower index first among equal values, as a reader expects.
+        top = np.argsort(-row.astype(np.float64), kind="stable")[:count]
+        for c, index in enumerate(top):
+            text = f"{_format_value(row[index])}:{index}"
+            if labels is not None and index < len(labels):
+                text += f":{labels[index]}"
+            result[r, c] = text.encode("utf-8")
+    return result if batching else result.reshape(count)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, np.floating):
+        return f"{float(value):f}"
+    return str(value)

@@ -1,0 +1,92 @@
+"""Semantic checks on a complete model config, done before a model loads.
+
+Parsing (edged.core.model_config) only proves the text is a ModelConfig; these checks prove it describes a model
+edged can serve, and name the model, tensor and field that is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from edged.errors import EdgedError, ErrorCode
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from edged.proto.model_config_pb2 import ModelConfig, ModelInput, ModelOutput
+
+WILDCARD_DIM = -1
+TYPE_INVALID = 0
+
+
+def _error(message: str) -> EdgedError:
+    return EdgedError(ErrorCode.INVALID_ARG, message)
+
+
+def validate_model_config(config: ModelConfig) -> None:
+    name = config.name
+    if not name:
+        raise _error("model configuration must specify 'name'")
+    if config.max_batch_size < 0:
+        raise _error(f"'max_batch_size' must be non-negative value for {name}")
+    if not config.platform and not config.backend:
+        raise _error(f"unexpected platform type '' for {name}")
+    _validate_tensors(name, "input", config.input, config.max_batch_size)
+    _validate_tensors(name, "output", config.output, config.max_batch_size)
+    if config.WhichOneof("scheduling_choice") == "dynamic_batching":
+        for size in config.dynamic_batching.preferred_batch_size:
+            if size < 1:
+                raise _error(f"dynamic batching preferred size must be positive for {name}")
+            if config.max_batch_size > 0 and size > config.max_batch_size:
+                raise _error(f"dynamic batching preferred size must be <= max batch size for {name}")
+    policy = config.version_policy
+    if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
+        raise _error(f"version_policy 'latest' must have num_versions >= 1 for {name}")
+    for group in config.instance_group:
+        if group.count < 1:
+            raise _error(f"instance group {group.name} of model {name} must have count >= 1")
+
+
+def _validate_tensors(
+    model: str, kind: str, tensors: Sequence[ModelInput] | Sequence[ModelOutput], max_batch_size: int
+) -> None:
+    seen: set[str] = set()
+    for tensor in tensors:
+        if not tensor.name:
+            raise _error(f"model {kind} must specify 'name' for {model}")
+        if tensor.name in seen:
+            raise _error(f"model '{model}' has duplicate {kind} named '{tensor.name}'")
+        seen.add(tensor.name)
+        if tensor.data_type == TYPE_INVALID:
+            raise _error(f"model {kind} '{tensor.name}' must specify 'data_type' for {model}")
+        _validate_dims(model, kind, tensor.name, tensor.dims)
+        if tensor.HasField("reshape"):
+            _validate_reshape(model, kind, tensor.name, tensor.dims, tensor.reshape.shape)
+        elif not tensor.dims and max_batch_size == 0:
+            raise _error(
+                f"model {kind} '{tensor.name}' must specify 'dims' for {model}: a model without batching "
+                "needs at least one dimension (or a 'reshape' to a scalar)"
+            )
+
+
+def _validate_dims(model: str, kind: str, tensor: str, dims: Iterable[int]) -> None:
+    for dim in dims:
+        if dim != WILDCARD_DIM and dim < 1:
+            raise _error(
+                f"model {kind} '{tensor}' dimension must be integer >= 1, or {WILDCARD_DIM} to indicate a "
+                f"variable-size dimension, for {model}"
+            )
+
+
+def _validate_reshape(model: str, kind: str, tensor: str, dims: Sequence[int], shape: Sequence[int]) -> None:
+    _validate_dims(model, kind, tensor, shape)
+    if WILDCARD_DIM in dims or WILDCARD_DIM in shape:
+        if (WILDCARD_DIM in dims) != (WILDCARD_DIM in shape):
+            raise _error(
+                f"model {kind} '{tensor}' has different variable-size dimensions in 'dims' and 'reshape' "
+                f"for {model}"
+            )
+        return
+    if math.prod(dims) != math.prod(shape):
+        raise _error(f"model {kind} '{tensor}' has different size for dims and reshape for {model}")

@@ -1,0 +1,120 @@
+"""Reading and writing ModelConfig: the ``config.pbtxt`` text form and the JSON form Triton serves.
+
+The JSON form is what HTTP ``/config`` returns, what the Python backend gets as ``args["model_config"]`` and
+what a load request may send as a config override. It is protobuf JSON with the proto field names, every
+field without presence printed (``"optional": false``, ``"dims": []``), enums by name, and 64-bit integers
+as JSON numbers: protobuf prints those as strings, Triton does not, and clients treat e.g. ``dims`` as
+numbers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from edged.errors import EdgedError, ErrorCode
+from edged.proto.model_config_pb2 import ModelConfig
+
+if TYPE_CHECKING:
+    from google.protobuf.descriptor import Descriptor
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def parse_model_config(text: str, source: str) -> ModelConfig:
+    """Parse ``config.pbtxt`` text. ``source`` names the file in errors and must not be an absolute path."""
+    config = ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise EdgedError(ErrorCode.INVALID_ARG, _describe_parse_error(exc, text, source)) from None
+    return config
+
+
+def _describe_parse_error(exc: text_format.ParseError, text: str, source: str) -> str:
+    line, column = exc.GetLine(), exc.GetColumn()
+    detail = str(exc)
+    # protobuf puts "line:column : " in front of the message and often quotes the offending line after it;
+    # both are dropped so the message reads like a compiler's "file:line:column: problem".
+    if line is None:
+        return f"{source}: {detail}"
+    location = f"{line}" if column is None else f"{line}:{column}"
+    detail = detail.removeprefix(f"{location} : ")
+    lines = text.split("\n")
+    current = lines[line - 1] if 0 < line <= len(lines) else ""
+    # At the end of the text the quoted line is empty rather than the line the error points at.
+    for quoted in (current, ""):
+        prefix = f"'{quoted}': "
+        if detail.startswith(prefix):
+            detail = detail[len(prefix) :]
+            break
+    return f"{source}:{location}: {detail}"
+
+
+def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
+    """The JSON form as Python objects, with 64-bit integers as ints."""
+    data: dict[str, Any] = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    _int64_to_numbers(config.DESCRIPTOR, data)
+    return data
+
+
+def model_config_to_json(config: ModelConfig) -> bytes:
+    """The compact JSON form, as UTF-8."""
+    return msgspec.json.encode(model_config_to_dict(config))
+
+
+def model_config_from_json(text: str | bytes) -> ModelConfig:
+    """Parse the JSON form; 64-bit integers may be numbers or strings."""
+    config = ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except (json_format.ParseError, UnicodeDecodeError) as exc:
+        # protobuf follows an unknown field with a line listing every field by its camelCase name: noise here.
+        detail = str(exc).split("\n", 1)[0]
+        message = f"failed to parse model configuration JSON: {detail}"
+        raise EdgedError(ErrorCode.INVALID_ARG, message) from None
+    return config
+
+
+def _int64_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:
+    """Turn protobuf JSON's 64-bit integer strings back into ints, in place, through every nested message."""
+    for name, value in data.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            continue
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if _is_map(field):
+                # Map keys are always strings in JSON; only the values change.
+                value_field = field.message_type.fields_by_name["value"]
+                if value_field.type == FieldDescriptor.TYPE_MESSAGE:
+                    for item in value.values():
+                        _int64_to_numbers(value_field.message_type, item)
+                elif value_field.type in _INT64_TYPES:
+                    for key in value:
+                        value[key] = int(value[key])
+            elif field.is_repeated:
+                for item in value:
+                    _int64_to_numbers(field.message_type, item)
+            else:
+                _int64_to_numbers(field.message_type, value)
+        elif field.type in _INT64_TYPES:
+            data[name] = [int(item) for item in value] if field.is_repeated else int(value)
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    return bool(field.message_type.GetOptions().map_entry)

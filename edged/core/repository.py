@@ -1,0 +1,168 @@
+"""Model repositories on local disk: finding model folders, their versions and their model files.
+
+Layout (Triton's): ``<repository>/<model>/config.pbtxt`` and ``<repository>/<model>/<version>/<model file>``.
+Version folders are positive integers written without a leading zero; anything else in a model folder is
+ignored, as Triton ignores it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edged.errors import EdgedError, ErrorCode
+
+if TYPE_CHECKING:
+    from edged.proto.model_config_pb2 import ModelConfig
+
+CONFIG_FILENAME = "config.pbtxt"
+
+# Platform -> backend, and backend -> default model file name, as Triton's core defines them.
+BACKEND_BY_PLATFORM: dict[str, str] = {
+    "tensorrt_plan": "tensorrt",
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "libtorch": "pytorch",
+    "torch_aoti": "pytorch",
+}
+DEFAULT_MODEL_FILENAME_BY_PLATFORM: dict[str, str] = {
+    "tensorrt_plan": "model.plan",
+    "tensorflow_graphdef": "model.graphdef",
+    "tensorflow_savedmodel": "model.savedmodel",
+    "onnxruntime_onnx": "model.onnx",
+    "pytorch_libtorch": "model.pt",
+    "libtorch": "model.pt",
+    "torch_aoti": "model.pt2",
+}
+DEFAULT_MODEL_FILENAME_BY_BACKEND: dict[str, str] = {
+    "onnxruntime": "model.onnx",
+    "openvino": "model.xml",
+    "python": "model.py",
+    "tensorrt": "model.plan",
+    "pytorch": "model.pt",
+}
+# When neither backend nor platform is given, the model file decides, in Triton's detection order.
+_DETECTION_ORDER: tuple[tuple[str, str, str], ...] = (
+    ("model.graphdef", "tensorflow", "tensorflow_graphdef"),
+    ("model.savedmodel", "tensorflow", "tensorflow_savedmodel"),
+    ("model.plan", "tensorrt", "tensorrt_plan"),
+    ("model.onnx", "onnxruntime", "onnxruntime_onnx"),
+    ("model.xml", "openvino", ""),
+    ("model.pt", "pytorch", "pytorch_libtorch"),
+    ("model.pt2", "pytorch", "torch_aoti"),
+    ("model.py", "python", ""),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A model folder found in a repository."""
+
+    name: str
+    path: Path
+    repository: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILENAME
+
+    def relative(self, path: Path) -> str:
+        """A path as clients may see it: relative to the repository, never the absolute location."""
+        try:
+            return str(path.relative_to(self.repository))
+        except ValueError:
+            return path.name
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    models: dict[str, ModelSource]
+    # Names found in more than one repository: Triton makes such a model unavailable.
+    duplicates: dict[str, list[Path]]
+
+
+def scan_repositories(repositories: list[Path]) -> ScanResult:
+    models: dict[str, ModelSource] = {}
+    seen: dict[str, list[Path]] = {}
+    for repository in repositories:
+        try:
+            entries = sorted(os.scandir(repository), key=lambda e: e.name)
+        except OSError as exc:
+            raise EdgedError(
+                ErrorCode.INTERNAL, f"failed to read model repository '{repository}': {exc.strerror}"
+            ) from None
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            seen.setdefault(entry.name, []).append(repository)
+            models[entry.name] = ModelSource(entry.name, Path(entry.path), repository)
+    duplicates = {name: repos for name, repos in seen.items() if len(repos) > 1}
+    return ScanResult(models, duplicates)
+
+
+def is_version_name(name: str) -> bool:
+    return name.isascii() and name.isdigit() and not name.startswith("0")
+
+
+def version_numbers(source: ModelSource) -> list[int]:
+    """Every version folder of a model, ascending."""
+    try:
+        entries = list(os.scandir(source.path))
+    except OSError:
+        return []
+    return sorted(int(e.name) for e in entries if e.is_dir() and is_version_name(e.name))
+
+
+def select_versions(config: ModelConfig, available: list[int]) -> list[int]:
+    """The versions the config's version_policy asks to serve (default: the newest one)."""
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return list(available)
+    if choice == "specific":
+        return sorted(v for v in set(policy.specific.versions) if v in available)
+    count = policy.latest.num_versions if choice == "latest" else 1
+    return available[-count:] if count > 0 else []
+
+
+def fill_backend_fields(config: ModelConfig, source: ModelSource, versions: list[int]) -> None:
+    """Fill platform, backend and default_model_filename the way Triton's core does before loading."""
+    if not config.backend and config.platform in BACKEND_BY_PLATFORM:
+        config.backend = BACKEND_BY_PLATFORM[config.platform]
+    if not config.backend and not config.platform and versions:
+        newest = source.path / str(versions[-1])
+        for filename, backend, platform in _DETECTION_ORDER:
+            if (newest / filename).exists():
+                config.backend = backend
+                config.platform = platform
+                break
+    if config.backend == "onnxruntime" and not config.platform:
+        config.platform = "onnxruntime_onnx"
+    if not config.default_model_filename:
+        default = DEFAULT_MODEL_FILENAME_BY_PLATFORM.get(
+            config.platform
+        ) or DEFAULT_MODEL_FILENAME_BY_BACKEND.get(config.backend)
+        if default:
+            config.default_model_filename = default
+
+
+def model_file(config: ModelConfig, source: ModelSource, version: int) -> Path:
+    return source.path / str(version) / config.default_model_filename
+
+
+def read_labels(source: ModelSource, filename: str) -> list[str]:
+    path = (source.path / filename).resolve()
+    if source.path.resolve() not in path.parents:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG, f"label_filename '{filename}' must name a file in the model folder"
+        )
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG, f"unable to read label file '{source.relative(path)}': {exc.strerror}"
+        ) from None

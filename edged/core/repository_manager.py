@@ -1,0 +1,341 @@
+"""The ModelRepositoryManager: which models exist, which versions are loaded, and in what state.
+
+Threads: the manager's tables are read and written on the event loop only. Loading (parsing, auto-complete,
+creating sessions) is blocking work and runs on the load pool; its results are applied back on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from edged.backends import get_backend
+from edged.backends.base import LoadContext
+from edged.core.config_defaults import normalize_model_config
+from edged.core.config_validation import validate_model_config
+from edged.core.model_config import parse_model_config
+from edged.core.repository import (
+    ModelSource,
+    fill_backend_fields,
+    model_file,
+    read_labels,
+    scan_repositories,
+    select_versions,
+    version_numbers,
+)
+from edged.core.scheduler import DirectScheduler
+from edged.core.validation import ModelSignature
+from edged.errors import EdgedError, ErrorCode
+from edged.proto.model_config_pb2 import ModelConfig
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from edged.backends.base import BackendModel
+    from edged.core.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class ModelState(enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(slots=True)
+class ModelVersion:
+    """One version of a model and everything a request to it needs."""
+
+    name: str
+    version: int
+    state: ModelState
+    reason: str = ""
+    config: ModelConfig | None = None
+    signature: ModelSignature | None = None
+    labels: dict[str, list[str]] = field(default_factory=dict)
+    scheduler: Scheduler | None = None
+    backend_model: BackendModel | None = None
+
+
+@dataclass(slots=True)
+class ModelEntry:
+    """A model folder and the outcome of loading it; ``reason`` is set when no version could even be tried."""
+
+    source: ModelSource
+    state: ModelState = ModelState.UNKNOWN
+    reason: str = ""
+    config: ModelConfig | None = None
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerOptions:
+    repositories: list[Path]
+    auto_complete: bool = True
+    default_max_batch_size: int = 4
+    load_thread_count: int = 4
+    gpu_count: int = 0
+
+
+class ModelRepositoryManager:
+    def __init__(self, options: ManagerOptions, executor: Executor) -> None:
+        self._options = options
+        # Runs model executions that are too long for the event loop (see edged.core.scheduler).
+        self._executor = executor
+        self._models: dict[str, ModelEntry] = {}
+
+    async def load_all(self) -> None:
+        """Load every model of every repository (model control mode ``none``)."""
+        scan = scan_repositories(self._options.repositories)
+        for name, source in scan.models.items():
+            entry = ModelEntry(source, ModelState.LOADING)
+            self._models[name] = entry
+            if name in scan.duplicates:
+                entry.state = ModelState.UNAVAILABLE
+                entry.reason = f"model '{name}' exists in more than one model repository"
+        pending = [e for e in self._models.values() if e.state is ModelState.LOADING]
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(
+            max(1, self._options.load_thread_count), thread_name_prefix="edged-load"
+        ) as pool:
+            results = await asyncio.gather(
+                *(loop.run_in_executor(pool, self._load, e.source) for e in pending)
+            )
+        for entry, loaded in zip(pending, results, strict=True):
+            self._models[entry.source.name] = loaded
+            for version in loaded.versions.values():
+                if version.backend_model is not None:
+                    version.scheduler = DirectScheduler(version.backend_model.instances, self._executor)
+
+    def _load(self, source: ModelSource) -> ModelEntry:
+        """Blocking: read, complete and check the config, then load each selected version."""
+        started = time.monotonic()
+        entry = ModelEntry(source)
+        try:
+            config, versions = self.read_config(source)
+        except EdgedError as exc:
+            entry.state, entry.reason = ModelState.UNAVAILABLE, exc.message
+            log.error("failed to load model '%s': %s", source.name, exc.message)
+            return entry
+        entry.config = config
+        for number in versions:
+            entry.versions[number] = self.load_version(source, config, number)
+        entry.state = (
+            ModelState.READY
+            if any(v.state is ModelState.READY for v in entry.versions.values())
+            else ModelState.UNAVAILABLE
+        )
+        log.info(
+            "model '%s' loaded in %.2fs: %s",
+            source.name,
+            time.monotonic() - started,
+            ", ".join(f"version {v.version} {v.state.value}" for v in entry.versions.values())
+            or "no versions",
+        )
+        return entry
+
+    def read_config(self, source: ModelSource) -> tuple[ModelConfig, list[int]]:
+        config_path = source.config_path
+        if config_path.is_file():
+            try:
+                text = config_path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG, f"unable to read '{source.relative(config_path)}': {exc}"
+                ) from None
+            config = parse_model_config(text, source.relative(config_path))
+        elif self._options.auto_complete:
+            config = ModelConfig()
+        else:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"model configuration '{source.relative(config_path)}' is missing and auto-complete is disabled",
+            )
+        if not config.name:
+            config.name = source.name
+        elif config.name != source.name:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"unexpected directory name '{source.name}' for model '{config.name}', directory name must "
+                "equal model name",
+            )
+        available = version_numbers(source)
+        versions = select_versions(config, available)
+        fill_backend_fields(config, source, versions or available)
+        if not config.backend and not config.platform:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"unable to find a backend for model '{source.name}': set 'backend' or 'platform' in "
+                "config.pbtxt, or add a version folder holding a model file",
+            )
+        if config.platform == "ensemble" or config.backend != "onnxruntime":
+            raise EdgedError(
+                ErrorCode.UNSUPPORTED,
+                f"model '{source.name}' needs the '{config.backend or config.platform}' backend, which this "
+                "edged does not provide",
+            )
+        if not versions:
+            raise EdgedError(
+                ErrorCode.UNAVAILABLE,
+                f"at least one version must be available under the version policy of model '{source.name}'",
+            )
+        backend = get_backend(config.backend)
+        if self._options.auto_complete:
+            newest = versions[-1]
+            backend.auto_complete_config(
+                config, self._context(source, config, newest), self._options.default_max_batch_size
+            )
+        normalize_model_config(config, self._options.gpu_count)
+        validate_model_config(config)
+        return config, versions
+
+    def _context(self, source: ModelSource, config: ModelConfig, version: int) -> LoadContext:
+        return LoadContext(
+            source.name, version, source.path, source.path / str(version), model_file(config, source, version)
+        )
+
+    def load_version(self, source: ModelSource, config: ModelConfig, number: int) -> ModelVersion:
+        version = ModelVersion(source.name, number, ModelState.LOADING, config=config)
+        try:
+            version.labels = {
+                o.name: read_labels(source, o.label_filename) for o in config.output if o.label_filename
+            }
+            version.signature = ModelSignature.from_config(config)
+            version.backend_model = get_backend(config.backend).load(
+                config, self._context(source, config, number)
+            )
+        except EdgedError as exc:
+            version.state, version.reason = ModelState.UNAVAILABLE, exc.message
+            log.error("failed to load '%s' version %d: %s", source.name, number, exc.message)
+            return version
+        version.state = ModelState.READY
+        return version
+
+    # --- lookups: called on every request, so they stay dict lookups -------------------------------------
+
+    def get_ready(self, name: str, version: int) -> ModelVersion:
+        """The READY version a request for (name, version) goes to; ``version`` -1 picks the newest READY one."""
+        entry = self._models.get(name)
+        if entry is None:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found")
+        if version < 0:
+            ready = [v for v in entry.versions.values() if v.state is ModelState.READY]
+            if not ready:
+                raise EdgedError(
+                    ErrorCode.UNAVAILABLE, f"Request for unknown model: '{name}' has no available versions"
+                )
+            return max(ready, key=lambda v: v.version)
+        found = entry.versions.get(version)
+        if found is None:
+            raise EdgedError(
+                ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' version {version} is not found"
+            )
+        if found.state is not ModelState.READY:
+            raise EdgedError(
+                ErrorCode.UNAVAILABLE,
+                f"Request for unknown model: '{name}' version {version} is not at ready state",
+            )
+        return found
+
+    def is_ready(self, name: str, version: int) -> bool:
+        try:
+            self.get_ready(name, version)
+        except EdgedError as exc:
+            if exc.code is ErrorCode.INVALID_ARG:
+                raise
+            return False
+        return True
+
+    def ready_versions(self, name: str) -> list[int]:
+        entry = self._models.get(name)
+        if entry is None:
+            return []
+        return sorted(v.version for v in entry.versions.values() if v.state is ModelState.READY)
+
+    def all_ready(self) -> bool:
+        """Every model that should be served is READY (the strict readiness rule)."""
+        return all(e.state is ModelState.READY for e in self._models.values())
+
+    def failed(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for name, entry in sorted(self._models.items()):
+            if entry.reason:
+                out.append((name, entry.reason))
+            out.extend(
+                (f"{name} version {v.version}", v.reason)
+                for v in entry.versions.values()
+                if v.state is ModelState.UNAVAILABLE
+            )
+        return out
+
+    def index(self, ready_only: bool) -> list[IndexEntry]:
+        out: list[IndexEntry] = []
+        for name in sorted(self._models):
+            entry = self._models[name]
+            if not entry.versions:
+                if not ready_only:
+                    out.append(IndexEntry(name, "", entry.state.value, entry.reason))
+                continue
+            for number in sorted(entry.versions):
+                version = entry.versions[number]
+                if ready_only and version.state is not ModelState.READY:
+                    continue
+                out.append(IndexEntry(name, str(number), version.state.value, version.reason))
+        return out
+
+    async def unload_all(self) -> None:
+        """Stop taking requests, let in-flight ones finish, then release every instance."""
+        versions = [v for e in self._models.values() for v in e.versions.values()]
+        for version in versions:
+            if version.state is ModelState.READY:
+                version.state = ModelState.UNLOADING
+        await asyncio.gather(*(v.scheduler.drain() for v in versions if v.scheduler is not None))
+        for version in versions:
+            if version.backend_model is not None:
+                version.backend_model.unload()
+                version.backend_model = None
+                version.scheduler = None
+            version.state = ModelState.UNAVAILABLE
+            version.reason = "unloaded"
+
+
+def check_repositories(repositories: list[Path], *, auto_complete: bool) -> list[str]:
+    """Every problem that would keep a model or version from loading, one line each, without serving."""
+    problems: list[str] = []
+    try:
+        scan = scan_repositories(repositories)
+    except EdgedError as exc:
+        return [exc.message]
+    for name in sorted(scan.duplicates):
+        problems.append(f"{name}: model '{name}' exists in more than one model repository")
+    with ThreadPoolExecutor(1) as executor:
+        manager = ModelRepositoryManager(ManagerOptions(repositories, auto_complete=auto_complete), executor)
+        for name, source in sorted(scan.models.items()):
+            try:
+                config, versions = manager.read_config(source)
+            except EdgedError as exc:
+                problems.append(f"{name}: {exc.message}")
+                continue
+            for number in versions:
+                version = manager.load_version(source, config, number)
+                if version.state is not ModelState.READY:
+                    problems.append(f"{name} version {number}: {version.reason}")
+                elif version.backend_model is not None:
+                    version.backend_model.unload()
+    return problems

@@ -1,0 +1,105 @@
+"""Schedulers hand requests to free model instances.
+
+``Scheduler.enqueue(request)`` is the one entry point the service uses; the direct scheduler below sends each
+request on its own, and the dynamic batcher will group them behind the same interface.
+
+Threads: ``enqueue`` runs on the event loop. An instance's ``execute`` runs either inline on the loop or on the
+shared worker pool: inline when the model's recent executions were shorter than a thread hand-off costs (tiny
+models such as add_sub run in microseconds and a hop to a thread would triple their latency), on the pool
+otherwise so the loop keeps serving while onnxruntime works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from concurrent.futures import Executor
+
+    from edged.backends.base import BackendInstance
+    from edged.core.inference import InferRequest, InferResponse
+    from edged.errors import EdgedError
+
+# Executions shorter than this (moving average) stay on the event loop.
+INLINE_BUDGET_NS = 150_000
+# Inline executions are timed too, so a model that turns slow (larger inputs) moves back to the pool.
+_EWMA_WEIGHT = 0.1
+
+
+class Scheduler(Protocol):
+    async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError: ...
+
+    async def drain(self) -> None:
+        """Wait until no request is in flight."""
+        ...
+
+
+class DirectScheduler:
+    """One request per execution, on whichever instance is free."""
+
+    def __init__(self, instances: Sequence[BackendInstance], executor: Executor) -> None:
+        self._free: deque[BackendInstance] = deque(instances)
+        self._waiters: deque[asyncio.Future[BackendInstance]] = deque()
+        self._executor = executor
+        # Start on the pool: a first execution may be a large model, and the estimate is cheap to correct.
+        self._average_ns = float(INLINE_BUDGET_NS * 10)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError:
+        instance = self._free.popleft() if self._free else await self._wait_for_instance()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            if self._average_ns < INLINE_BUDGET_NS:
+                start = time.perf_counter_ns()
+                result = instance.execute((request,))[0]
+                self._observe(time.perf_counter_ns() - start)
+                return result
+            loop = asyncio.get_running_loop()
+            results, elapsed = await loop.run_in_executor(self._executor, _timed_execute, instance, request)
+            self._observe(elapsed)
+            return results[0]
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+            self._release(instance)
+
+    async def drain(self) -> None:
+        await self._idle.wait()
+
+    def _observe(self, elapsed_ns: int) -> None:
+        self._average_ns += (elapsed_ns - self._average_ns) * _EWMA_WEIGHT
+
+    async def _wait_for_instance(self) -> BackendInstance:
+        waiter: asyncio.Future[BackendInstance] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            # Cancelled after an instance was handed over: pass it on instead of losing it.
+            if waiter.done() and not waiter.cancelled():
+                self._release(waiter.result())
+            raise
+
+    def _release(self, instance: BackendInstance) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(instance)
+                return
+        self._free.append(instance)
+
+
+def _timed_execute(
+    instance: BackendInstance, request: InferRequest
+) -> tuple[list[InferResponse | EdgedError], int]:
+    start = time.perf_counter_ns()
+    results = instance.execute((request,))
+    return results, time.perf_counter_ns() - start

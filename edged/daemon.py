@@ -1,0 +1,153 @@
+"""The daemon's life cycle: build the parts, start them in order, serve, stop them in reverse.
+
+One process, one event loop: the HTTP server and the metrics server share it; model executions that are too
+long for the loop go to the worker pool (see edged.core.scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from edged import __version__
+from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
+from edged.core.service import InferenceService
+from edged.frontends.http import HttpOptions, create_http_app
+from edged.metrics import create_metrics_app
+
+if TYPE_CHECKING:
+    from edged.settings import Settings
+
+log = logging.getLogger("edged")
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to the daemon, which stops every server together."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _configure_logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 0 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http="httptools",
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        # Requests from devices arrive over keep-alive connections; closing idle ones late saves reconnects.
+        timeout_keep_alive=30,
+    )
+
+
+async def serve(settings: Settings) -> int:
+    # Worker threads for model executions: enough for every core to be busy in onnxruntime.
+    executor = ThreadPoolExecutor(
+        max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="edged-exec"
+    )
+    manager = ModelRepositoryManager(
+        ManagerOptions(
+            repositories=settings.model_repositories,
+            auto_complete=settings.auto_complete_config,
+            default_max_batch_size=settings.default_max_batch_size,
+            load_thread_count=settings.model_load_thread_count,
+        ),
+        executor,
+    )
+    service = InferenceService(
+        manager, server_id=settings.server_id, strict_readiness=settings.strict_readiness
+    )
+    servers: list[_Server] = []
+    tasks: list[asyncio.Task[None]] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # SIGTERM is what systemctl stop sends
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        log.info(
+            "edged %s starting: loading models from %s",
+            __version__,
+            ", ".join(str(p) for p in settings.model_repositories),
+        )
+        await manager.load_all()
+        failed = manager.failed()
+        for what, reason in failed:
+            log.error("%s is UNAVAILABLE: %s", what, reason)
+        if failed and settings.exit_on_error:
+            log.error("exiting: %d model(s) failed to load and --exit-on-error is set", len(failed))
+            return 1
+        http = _Server(
+            _uvicorn_config(
+                create_http_app(service, HttpOptions(max_input_size=settings.http_max_input_size)),
+                settings.http_address,
+                settings.http_port,
+            )
+        )
+        servers.append(http)
+        if settings.allow_metrics:
+            metrics = _Server(
+                _uvicorn_config(
+                    create_metrics_app(),
+                    settings.metrics_address or settings.http_address,
+                    settings.metrics_port,
+                )
+            )
+            servers.append(metrics)
+        tasks.extend(asyncio.create_task(s.serve()) for s in servers)
+        while not all(s.started for s in servers):
+            done = [t for t in tasks if t.done()]
+            if done:
+                # A server that ends before it started could not bind its port; uvicorn has logged why.
+                log.error("exiting: an endpoint failed to start")
+                return 1
+            await asyncio.sleep(0.01)
+        service.started = True
+        log.info(
+            "edged ready: HTTP on %s:%d%s",
+            settings.http_address,
+            settings.http_port,
+            f", metrics on port {settings.metrics_port}" if settings.allow_metrics else "",
+        )
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        log.info("edged stopping")
+        return 0
+    finally:
+        service.stopping = True
+        for server in servers:
+            server.should_exit = True
+        # Servers stop accepting and finish the requests they have before the models go away.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await manager.unload_all()
+        executor.shutdown(wait=False, cancel_futures=True)
+        log.info("edged stopped")
+
+
+def run(settings: Settings) -> int:
+    _configure_logging(settings.log_verbose)
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional: plain asyncio works, only slower
+        return asyncio.run(serve(settings))
+    return uvloop.run(serve(settings))

@@ -1,0 +1,328 @@
+"""KServe v2 over HTTP (Litestar on uvicorn), with Triton's extensions and Triton's status codes.
+
+The infer endpoint is a plain ASGI handler: it reads the body itself (size limit, decompression) and writes the
+reply bytes itself, so the hot path is one JSON decode, numpy views over the body, and one encode. The other
+endpoints are ordinary Litestar handlers.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar.exceptions import MethodNotAllowedException, NotFoundException
+from litestar.handlers import asgi
+
+from edged.core.model_config import model_config_to_json
+from edged.errors import EdgedError, ErrorCode
+from edged.frontends.http_codec import (
+    decode_infer_request,
+    decode_json,
+    encode,
+    encode_infer_response,
+    error_body,
+    parse_header_length,
+)
+
+if TYPE_CHECKING:
+    from litestar.types import Receive, Scope, Send
+
+    from edged.core.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_CODE: dict[ErrorCode, int] = {
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+}
+_JSON = b"application/json"
+_OCTETS = b"application/octet-stream"
+_HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpOptions:
+    # Largest request body accepted, after decompression (Triton's --http-max-input-size).
+    max_input_size: int = 64 * 1024 * 1024
+
+
+def status_for(error: EdgedError) -> int:
+    return STATUS_BY_CODE.get(error.code, 400)
+
+
+def _error_response(error: EdgedError) -> Response[bytes]:
+    return Response(error_body(error.message), status_code=status_for(error), media_type=MediaType.JSON)
+
+
+def _json(value: Any) -> Response[bytes]:
+    return Response(encode(value), status_code=200, media_type=MediaType.JSON)
+
+
+def _service(request: Request[Any, Any, Any]) -> InferenceService:
+    service: InferenceService = request.app.state.service
+    return service
+
+
+def _version(text: str | None) -> int:
+    """URL versions must be digits; anything else is an unknown path, as in Triton's router."""
+    if text is None:
+        return -1
+    if not text.isascii() or not text.isdigit():
+        raise NotFoundException()
+    return int(text)
+
+
+# --- health and metadata --------------------------------------------------------------------------------
+
+
+@get("/v2/health/live", sync_to_thread=False)
+def health_live(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return Response(b"", status_code=200 if _service(request).is_live() else 400)
+
+
+@get("/v2/health/ready", sync_to_thread=False)
+def health_ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return Response(b"", status_code=200 if _service(request).is_ready() else 400)
+
+
+@get("/v2", sync_to_thread=False)
+def server_metadata(request: Request[Any, Any, Any]) -> Response[bytes]:
+    meta = _service(request).server_metadata()
+    return _json({"name": meta.name, "version": meta.version, "extensions": list(meta.extensions)})
+
+
+@get(
+    ["/v2/models/{model:str}/ready", "/v2/models/{model:str}/versions/{version:str}/ready"],
+    sync_to_thread=False,
+)
+def model_ready(request: Request[Any, Any, Any], model: str, version: str | None = None) -> Response[bytes]:
+    if _service(request).model_ready(model, _version(version)):
+        return Response(b"", status_code=200)
+    return Response(error_body("Model version not ready"), status_code=400, media_type=MediaType.JSON)
+
+
+@get(["/v2/models/{model:str}", "/v2/models/{model:str}/versions/{version:str}"], sync_to_thread=False)
+def model_metadata(
+    request: Request[Any, Any, Any], model: str, version: str | None = None
+) -> Response[bytes]:
+    meta = _service(request).model_metadata(model, _version(version))
+    return _json(
+        {
+            "name": meta.name,
+            "versions": list(meta.versions),
+            "platform": meta.platform,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs],
+            "outputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs
+            ],
+        }
+    )
+
+
+@get(
+    ["/v2/models/{model:str}/config", "/v2/models/{model:str}/versions/{version:str}/config"],
+    sync_to_thread=False,
+)
+def model_config(request: Request[Any, Any, Any], model: str, version: str | None = None) -> Response[bytes]:
+    config = _service(request).model_config(model, _version(version))
+    return Response(model_config_to_json(config), status_code=200, media_type=MediaType.JSON)
+
+
+@post("/v2/repository/index", status_code=200)
+async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
+    body = await request.body()
+    ready = False
+    if body.strip():
+        parsed = decode_json(body)
+        if not isinstance(parsed, dict):
+            raise EdgedError(ErrorCode.INVALID_ARG, "the repository index request must be a JSON object")
+        value = parsed.get("ready", False)
+        if not isinstance(value, bool):
+            raise EdgedError(ErrorCode.INVALID_ARG, "Unable to parse 'ready', expected a boolean")
+        ready = value
+    entries = []
+    for entry in _service(request).repository_index(ready):
+        item: dict[str, str] = {"name": entry.name}
+        if entry.version:
+            item["version"] = entry.version
+        if entry.state:
+            item["state"] = entry.state
+        if entry.state or entry.reason:
+            item["reason"] = entry.reason
+        entries.append(item)
+    return _json(entries)
+
+
+# --- inference ------------------------------------------------------------------------------------------
+
+
+@asgi(["/v2/models/{model:str}/infer", "/v2/models/{model:str}/versions/{version:str}/infer"])
+async def infer(scope: Scope, receive: Receive, send: Send) -> None:
+    app = scope["app"]
+    service: InferenceService = app.state.service
+    options: HttpOptions = app.state.http_options
+    if scope.get("method") != "POST":
+        await _send(send, 405, error_body("Method Not Allowed"), _JSON)
+        return
+    params = scope["path_params"]
+    version_text = params.get("version")
+    if version_text is not None and not (version_text.isascii() and version_text.isdigit()):
+        await _send(send, 404, error_body("Not Found"), _JSON)
+        return
+    headers = _headers(scope)
+    try:
+        body = await _read_body(receive, headers, options.max_input_size)
+        header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+        request, binary_default = decode_infer_request(
+            params["model"], int(version_text) if version_text else -1, body, header_length
+        )
+        response = await service.infer(request)
+        payload, json_length = encode_infer_response(response, request.outputs, binary_default)
+    except EdgedError as exc:
+        await _send(send, status_for(exc), error_body(exc.message), _JSON)
+        return
+    except _BodyTooLarge as exc:
+        await _send(send, 413, error_body(str(exc)), _JSON)
+        return
+    extra: list[tuple[bytes, bytes]] = []
+    content_type = _JSON
+    if json_length is not None:
+        content_type = _OCTETS
+        extra.append((b"inference-header-content-length", str(json_length).encode()))
+    encoding = _accepted_encoding(headers.get("accept-encoding"))
+    if encoding is not None:
+        payload = _compress(payload, encoding)
+        extra.append((b"content-encoding", encoding.encode()))
+    await _send(send, 200, payload, content_type, extra)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise EdgedError(ErrorCode.CANCELLED, "client disconnected")
+        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding in ("gzip", "deflate"):
+        return _decompress(body, encoding, limit)
+    raise EdgedError(ErrorCode.UNSUPPORTED, f"unsupported Content-Encoding '{encoding}'")
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    # wbits: 16+ reads a gzip wrapper, 32+ detects zlib or gzip; deflate bodies are zlib-wrapped per RFC 9110.
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    try:
+        # max_length bounds memory: a small compressed body cannot expand past the limit (no zip bombs).
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise EdgedError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise _BodyTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+    if not inflater.eof:
+        raise EdgedError(ErrorCode.INVALID_ARG, "failed to decompress the request body: it is truncated")
+    return out
+
+
+def _accepted_encoding(accept: str | None) -> str | None:
+    if not accept:
+        return None
+    names = [part.split(";")[0].strip().lower() for part in accept.split(",")]
+    for name in ("gzip", "deflate"):
+        if name in names:
+            return name
+    return None
+
+
+def _compress(payload: bytes, encoding: str) -> bytes:
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    compressor = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return compressor.compress(payload) + compressor.flush()
+
+
+async def _send(
+    send: Send, status: int, body: bytes, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+# --- errors ---------------------------------------------------------------------------------------------
+
+
+def _edged_error_handler(_: Request[Any, Any, Any], exc: EdgedError) -> Response[bytes]:
+    return _error_response(exc)
+
+
+def _not_found_handler(_: Request[Any, Any, Any], __: Exception) -> Response[bytes]:
+    return Response(error_body("Not Found"), status_code=404, media_type=MediaType.JSON)
+
+
+def _method_handler(_: Request[Any, Any, Any], __: Exception) -> Response[bytes]:
+    return Response(error_body("Method Not Allowed"), status_code=405, media_type=MediaType.JSON)
+
+
+def _internal_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    status = getattr(exc, "status_code", 500)
+    if status >= 500:
+        log.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+        return Response(error_body("internal error"), status_code=500, media_type=MediaType.JSON)
+    detail = getattr(exc, "detail", "") or "Bad Request"
+    return Response(error_body(str(detail)), status_code=status, media_type=MediaType.JSON)
+
+
+def create_http_app(service: InferenceService, options: HttpOptions) -> Litestar:
+    app = Litestar(
+        route_handlers=[
+            health_live,
+            health_ready,
+            server_metadata,
+            model_ready,
+            model_metadata,
+            model_config,
+            repository_index,
+            infer,
+        ],
+        exception_handlers={
+            EdgedError: _edged_error_handler,
+            NotFoundException: _not_found_handler,
+            MethodNotAllowedException: _method_handler,
+            Exception: _internal_handler,
+        },
+        request_max_body_size=options.max_input_size,
+        openapi_config=None,
+        logging_config=None,
+    )
+    app.state.service = service
+    app.state.http_options = options
+    return app

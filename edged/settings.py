@@ -1,0 +1,74 @@
+"""The daemon's settings, as the command line gives them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model_repositories: list[Path]
+    server_id: str = "edged"
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    http_max_input_size: int = 64 * 1024 * 1024
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    allow_metrics: bool = True
+    metrics_address: str | None = None
+    metrics_port: int = 8002
+    exit_on_error: bool = False
+    strict_readiness: bool = True
+    auto_complete_config: bool = True
+    model_load_thread_count: int = 4
+    default_max_batch_size: int = 4
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    log_verbose: int = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Settings:
+        backend_config = parse_backend_config(args.backend_config)
+        default_max_batch_size = 4
+        raw = backend_config.get("", {}).get("default-max-batch-size")
+        if raw is not None:
+            if not raw.isdigit():
+                raise ValueError(
+                    f"--backend-config default-max-batch-size must be a non-negative integer: {raw}"
+                )
+            default_max_batch_size = int(raw)
+        for repository in args.model_repository:
+            if not repository.is_dir():
+                raise ValueError(f"model repository '{repository}' is not a readable directory")
+        return cls(
+            model_repositories=[p.resolve() for p in args.model_repository],
+            server_id=args.server_id,
+            http_address=args.http_address,
+            http_port=args.http_port,
+            http_max_input_size=args.http_max_input_size,
+            grpc_address=args.grpc_address,
+            grpc_port=args.grpc_port,
+            allow_metrics=args.allow_metrics,
+            metrics_address=args.metrics_address,
+            metrics_port=args.metrics_port,
+            exit_on_error=args.exit_on_error,
+            strict_readiness=args.strict_readiness,
+            auto_complete_config=not args.disable_auto_complete_config,
+            model_load_thread_count=args.model_load_thread_count,
+            default_max_batch_size=default_max_batch_size,
+            backend_config=backend_config,
+            log_verbose=args.log_verbose,
+        )
+
+
+def parse_backend_config(values: list[str]) -> dict[str, dict[str, str]]:
+    """``backend,key=value`` or ``key=value`` (global, under the key "") as Triton's --backend-config."""
+    out: dict[str, dict[str, str]] = {}
+    for value in values:
+        backend, _, setting = value.rpartition(",")
+        key, sep, item = setting.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--backend-config expects [BACKEND,]KEY=VALUE, got '{value}'")
+        out.setdefault(backend, {})[key] = item
+    return out
