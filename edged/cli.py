@@ -120,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-repo":
         from edged.core.repository_manager import check_repositories
 
-        problems = check_repositories(
-            list(args.repository), auto_complete=not args.disable_auto_complete_config
-        )
+        problems = check_repositories(list(args.repository), auto_complete=not args.disable_auto_complete_config)
         for problem in problems:
             print(problem)
         return 1 if problems else 0

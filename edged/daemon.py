@@ -63,9 +63,7 @@ def _uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
 
 async def serve(settings: Settings) -> int:
     # Worker threads for model executions: enough for every core to be busy in onnxruntime.
-    executor = ThreadPoolExecutor(
-        max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="edged-exec"
-    )
+    executor = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="edged-exec")
     manager = ModelRepositoryManager(
         ManagerOptions(
             repositories=settings.model_repositories,
@@ -75,9 +73,7 @@ async def serve(settings: Settings) -> int:
         ),
         executor,
     )
-    service = InferenceService(
-        manager, server_id=settings.server_id, strict_readiness=settings.strict_readiness
-    )
+    service = InferenceService(manager, server_id=settings.server_id, strict_readiness=settings.strict_readiness)
     servers: list[_Server] = []
     tasks: list[asyncio.Task[None]] = []
     stop = asyncio.Event()

@@ -18,6 +18,19 @@ class ErrorCode(enum.Enum):
     CANCELLED = "CANCELLED"
 
 
+# How Triton's Status::AsString names each code; model load failure reasons are reported in this form.
+CODE_TEXT: dict[ErrorCode, str] = {
+    ErrorCode.UNKNOWN: "Unknown",
+    ErrorCode.INTERNAL: "Internal",
+    ErrorCode.NOT_FOUND: "Not found",
+    ErrorCode.INVALID_ARG: "Invalid argument",
+    ErrorCode.UNAVAILABLE: "Unavailable",
+    ErrorCode.UNSUPPORTED: "Unsupported",
+    ErrorCode.ALREADY_EXISTS: "Already exists",
+    ErrorCode.CANCELLED: "Cancelled",
+}
+
+
 class EdgedError(Exception):
     """An error a client may see. ``message`` must never hold a stack trace or an internal path."""
 
@@ -27,6 +40,10 @@ class EdgedError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+    def describe(self) -> str:
+        """The message with its code in front, e.g. "Invalid argument: ..."."""
+        return f"{CODE_TEXT[self.code]}: {self.message}"
 
     def __repr__(self) -> str:
         return f"EdgedError({self.code.name}, {self.message!r})"

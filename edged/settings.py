@@ -34,9 +34,7 @@ class Settings:
         raw = backend_config.get("", {}).get("default-max-batch-size")
         if raw is not None:
             if not raw.isdigit():
-                raise ValueError(
-                    f"--backend-config default-max-batch-size must be a non-negative integer: {raw}"
-                )
+                raise ValueError(f"--backend-config default-max-batch-size must be a non-negative integer: {raw}")
             default_max_batch_size = int(raw)
         for repository in args.model_repository:
             if not repository.is_dir():

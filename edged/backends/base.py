@@ -51,9 +51,7 @@ class BackendModel(Protocol):
 
 
 class Backend(Protocol):
-    def auto_complete_config(
-        self, config: ModelConfig, context: LoadContext, default_max_batch_size: int
-    ) -> None:
+    def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
         """Fill what config.pbtxt leaves out (inputs, outputs, max_batch_size) from the model itself."""
         ...
 

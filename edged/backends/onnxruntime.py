@@ -66,9 +66,7 @@ def _dims(shape: Sequence[Any]) -> list[int]:
 
 
 class OnnxRuntimeBackend:
-    def auto_complete_config(
-        self, config: ModelConfig, context: LoadContext, default_max_batch_size: int
-    ) -> None:
+    def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
         session = _open_session(context, ort.SessionOptions(), ["CPUExecutionProvider"])
         inputs, outputs = session.get_inputs(), session.get_outputs()
         tensors = [*inputs, *outputs]
@@ -147,9 +145,7 @@ class OnnxRuntimeInstance:
         feeds = {t.name: self._feed(t.name, t.data, request.batch_size) for t in request.inputs}
         names = self._output_names([request])
         results = self._session.run(names, feeds)
-        outputs = [
-            self._output(name, array, request.batch_size) for name, array in zip(names, results, strict=True)
-        ]
+        outputs = [self._output(name, array, request.batch_size) for name, array in zip(names, results, strict=True)]
         return InferResponse(request.model_name, str(request.model_version), request.id, outputs)
 
     def _execute_batch(self, requests: Sequence[InferRequest]) -> list[InferResponse | EdgedError]:
@@ -170,9 +166,7 @@ class OnnxRuntimeInstance:
                 self._output(name, array[start:end], request.batch_size)
                 for name, array in zip(names, results, strict=True)
             ]
-            responses.append(
-                InferResponse(request.model_name, str(request.model_version), request.id, outputs)
-            )
+            responses.append(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
             start = end
         return responses
 
@@ -184,7 +178,8 @@ class OnnxRuntimeInstance:
             wanted.extend(o.name for o in request.outputs if o.name not in wanted)
         return wanted
 
-    def _feed(self, name: str, data: np.ndarray[Any, Any], batch_size: int) -> np.ndarray[Any, Any]:
+    def _feed(self, name: str, data: np.ndarray[Any, Any] | None, batch_size: int) -> np.ndarray[Any, Any]:
+        assert data is not None  # validation decodes every input before scheduling
         if data.dtype == np.object_:
             data = _utf8_strings(name, data)
         shape = self._reshape_in.get(name)
@@ -226,23 +221,18 @@ def _first_line(exc: BaseException) -> str:
 def _config_type(context: LoadContext, ort_type: str) -> int:
     wire = _WIRE_BY_ORT_TYPE.get(ort_type)
     if wire is None:
-        raise EdgedError(
-            ErrorCode.UNSUPPORTED, f"unsupported tensor type '{ort_type}' in model '{context.model_name}'"
-        )
+        raise EdgedError(ErrorCode.UNSUPPORTED, f"unsupported tensor type '{ort_type}' in model '{context.model_name}'")
     return CONFIG_BY_WIRE_NAME[wire]
 
 
-def _open_session(
-    context: LoadContext, options: ort.SessionOptions, providers: list[Any]
-) -> ort.InferenceSession:
+def _open_session(context: LoadContext, options: ort.SessionOptions, providers: list[Any]) -> ort.InferenceSession:
     path = context.model_file
     if path.is_dir():
         path = path / "model.onnx"
     if not path.is_file():
         raise EdgedError(
             ErrorCode.UNAVAILABLE,
-            f"unable to find '{context.model_file.name}' for version {context.version} of model "
-            f"'{context.model_name}'",
+            f"unable to find '{context.model_file.name}' for version {context.version} of model '{context.model_name}'",
         )
     try:
         return ort.InferenceSession(os.fspath(path), options, providers=providers)
@@ -266,9 +256,7 @@ def _session_options(config: ModelConfig) -> ort.SessionOptions:
         if "enable_mem_arena" in params:
             options.enable_cpu_mem_arena = params["enable_mem_arena"] not in ("0", "false")
     except ValueError as exc:
-        raise EdgedError(
-            ErrorCode.INVALID_ARG, f"invalid onnxruntime parameter for '{config.name}': {exc}"
-        ) from None
+        raise EdgedError(ErrorCode.INVALID_ARG, f"invalid onnxruntime parameter for '{config.name}': {exc}") from None
     if config.optimization.HasField("graph"):
         level = _GRAPH_LEVELS.get(config.optimization.graph.level)
         if level is None:
@@ -307,14 +295,10 @@ def _providers(config: ModelConfig, group: ModelInstanceGroup, device_id: int) -
     return providers
 
 
-def _accelerator(
-    config: ModelConfig, name: str, available: set[str], device_id: int
-) -> tuple[str, dict[str, Any]]:
+def _accelerator(config: ModelConfig, name: str, available: set[str], device_id: int) -> tuple[str, dict[str, Any]]:
     provider = _PROVIDER_BY_ACCELERATOR.get(name)
     if provider is None:
-        raise EdgedError(
-            ErrorCode.INVALID_ARG, f"unknown execution accelerator '{name}' for model '{config.name}'"
-        )
+        raise EdgedError(ErrorCode.INVALID_ARG, f"unknown execution accelerator '{name}' for model '{config.name}'")
     if provider not in available:
         raise EdgedError(
             ErrorCode.UNAVAILABLE,

@@ -13,6 +13,8 @@ _TWO_CPU_INSTANCES = frozenset({"onnxruntime", "tensorflow"})
 
 
 def normalize_model_config(config: ModelConfig, gpu_count: int) -> None:
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
     if not config.instance_group:
         config.instance_group.add()
     for index, group in enumerate(config.instance_group):

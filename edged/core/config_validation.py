@@ -84,8 +84,7 @@ def _validate_reshape(model: str, kind: str, tensor: str, dims: Sequence[int], s
     if WILDCARD_DIM in dims or WILDCARD_DIM in shape:
         if (WILDCARD_DIM in dims) != (WILDCARD_DIM in shape):
             raise _error(
-                f"model {kind} '{tensor}' has different variable-size dimensions in 'dims' and 'reshape' "
-                f"for {model}"
+                f"model {kind} '{tensor}' has different variable-size dimensions in 'dims' and 'reshape' for {model}"
             )
         return
     if math.prod(dims) != math.prod(shape):

@@ -22,7 +22,10 @@ class InferInput:
     name: str
     datatype: str  # wire name: "FP32", "BYTES", ...
     shape: tuple[int, ...]
-    data: np.ndarray[Any, Any]
+    # The tensor. Frontends may leave it None and set ``raw`` (the binary wire form) instead: validation then
+    # checks the byte size against the shape it has just validated and makes ``data`` a view over ``raw``.
+    data: np.ndarray[Any, Any] | None
+    raw: bytes | memoryview | None = None
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
 
 

@@ -143,9 +143,9 @@ def fill_backend_fields(config: ModelConfig, source: ModelSource, versions: list
     if config.backend == "onnxruntime" and not config.platform:
         config.platform = "onnxruntime_onnx"
     if not config.default_model_filename:
-        default = DEFAULT_MODEL_FILENAME_BY_PLATFORM.get(
-            config.platform
-        ) or DEFAULT_MODEL_FILENAME_BY_BACKEND.get(config.backend)
+        default = DEFAULT_MODEL_FILENAME_BY_PLATFORM.get(config.platform) or DEFAULT_MODEL_FILENAME_BY_BACKEND.get(
+            config.backend
+        )
         if default:
             config.default_model_filename = default
 
@@ -157,9 +157,7 @@ def model_file(config: ModelConfig, source: ModelSource, version: int) -> Path:
 def read_labels(source: ModelSource, filename: str) -> list[str]:
     path = (source.path / filename).resolve()
     if source.path.resolve() not in path.parents:
-        raise EdgedError(
-            ErrorCode.INVALID_ARG, f"label_filename '{filename}' must name a file in the model folder"
-        )
+        raise EdgedError(ErrorCode.INVALID_ARG, f"label_filename '{filename}' must name a file in the model folder")
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:

@@ -111,12 +111,8 @@ class ModelRepositoryManager:
                 entry.reason = f"model '{name}' exists in more than one model repository"
         pending = [e for e in self._models.values() if e.state is ModelState.LOADING]
         loop = asyncio.get_running_loop()
-        with ThreadPoolExecutor(
-            max(1, self._options.load_thread_count), thread_name_prefix="edged-load"
-        ) as pool:
-            results = await asyncio.gather(
-                *(loop.run_in_executor(pool, self._load, e.source) for e in pending)
-            )
+        with ThreadPoolExecutor(max(1, self._options.load_thread_count), thread_name_prefix="edged-load") as pool:
+            results = await asyncio.gather(*(loop.run_in_executor(pool, self._load, e.source) for e in pending))
         for entry, loaded in zip(pending, results, strict=True):
             self._models[entry.source.name] = loaded
             for version in loaded.versions.values():
@@ -130,7 +126,7 @@ class ModelRepositoryManager:
         try:
             config, versions = self.read_config(source)
         except EdgedError as exc:
-            entry.state, entry.reason = ModelState.UNAVAILABLE, exc.message
+            entry.state, entry.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load model '%s': %s", source.name, exc.message)
             return entry
         entry.config = config
@@ -145,8 +141,7 @@ class ModelRepositoryManager:
             "model '%s' loaded in %.2fs: %s",
             source.name,
             time.monotonic() - started,
-            ", ".join(f"version {v.version} {v.state.value}" for v in entry.versions.values())
-            or "no versions",
+            ", ".join(f"version {v.version} {v.state.value}" for v in entry.versions.values()) or "no versions",
         )
         return entry
 
@@ -213,15 +208,11 @@ class ModelRepositoryManager:
     def load_version(self, source: ModelSource, config: ModelConfig, number: int) -> ModelVersion:
         version = ModelVersion(source.name, number, ModelState.LOADING, config=config)
         try:
-            version.labels = {
-                o.name: read_labels(source, o.label_filename) for o in config.output if o.label_filename
-            }
+            version.labels = {o.name: read_labels(source, o.label_filename) for o in config.output if o.label_filename}
             version.signature = ModelSignature.from_config(config)
-            version.backend_model = get_backend(config.backend).load(
-                config, self._context(source, config, number)
-            )
+            version.backend_model = get_backend(config.backend).load(config, self._context(source, config, number))
         except EdgedError as exc:
-            version.state, version.reason = ModelState.UNAVAILABLE, exc.message
+            version.state, version.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load '%s' version %d: %s", source.name, number, exc.message)
             return version
         version.state = ModelState.READY
@@ -233,19 +224,15 @@ class ModelRepositoryManager:
         """The READY version a request for (name, version) goes to; ``version`` -1 picks the newest READY one."""
         entry = self._models.get(name)
         if entry is None:
-            raise EdgedError(ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found")
+            raise EdgedError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if version < 0:
             ready = [v for v in entry.versions.values() if v.state is ModelState.READY]
             if not ready:
-                raise EdgedError(
-                    ErrorCode.UNAVAILABLE, f"Request for unknown model: '{name}' has no available versions"
-                )
+                raise EdgedError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions")
             return max(ready, key=lambda v: v.version)
         found = entry.versions.get(version)
         if found is None:
-            raise EdgedError(
-                ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' version {version} is not found"
-            )
+            raise EdgedError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' version {version} is not found")
         if found.state is not ModelState.READY:
             raise EdgedError(
                 ErrorCode.UNAVAILABLE,
@@ -256,9 +243,7 @@ class ModelRepositoryManager:
     def is_ready(self, name: str, version: int) -> bool:
         try:
             self.get_ready(name, version)
-        except EdgedError as exc:
-            if exc.code is ErrorCode.INVALID_ARG:
-                raise
+        except EdgedError:
             return False
         return True
 

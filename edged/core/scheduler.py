@@ -97,9 +97,7 @@ class DirectScheduler:
         self._free.append(instance)
 
 
-def _timed_execute(
-    instance: BackendInstance, request: InferRequest
-) -> tuple[list[InferResponse | EdgedError], int]:
+def _timed_execute(instance: BackendInstance, request: InferRequest) -> tuple[list[InferResponse | EdgedError], int]:
     start = time.perf_counter_ns()
     results = instance.execute((request,))
     return results, time.perf_counter_ns() - start

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from edged import __version__
 from edged.core.classification import classify
-from edged.core.inference import InferOutput, InferRequest, InferResponse
-from edged.core.validation import validate_request
+from edged.core.inference import InferInput, InferOutput, InferRequest, InferResponse
+from edged.core.validation import raw_binary_input, validate_request
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -81,9 +81,7 @@ class InferenceService:
     def model_metadata(self, name: str, version: int) -> ModelMetadata:
         model = self._manager.get_ready(name, version)
         config = _config_of(model)
-        versions = (
-            (str(version),) if version >= 0 else tuple(str(v) for v in self._manager.ready_versions(name))
-        )
+        versions = (str(version),) if version >= 0 else tuple(str(v) for v in self._manager.ready_versions(name))
         batch = (-1,) if config.max_batch_size > 0 else ()
         signature = model.signature
         assert signature is not None  # a READY version always has one
@@ -91,12 +89,8 @@ class InferenceService:
             name=name,
             versions=versions,
             platform=config.platform or config.backend,
-            inputs=tuple(
-                TensorMetadata(t.name, t.datatype, batch + t.dims) for t in signature.inputs.values()
-            ),
-            outputs=tuple(
-                TensorMetadata(t.name, t.datatype, batch + t.dims) for t in signature.outputs.values()
-            ),
+            inputs=tuple(TensorMetadata(t.name, t.datatype, batch + t.dims) for t in signature.inputs.values()),
+            outputs=tuple(TensorMetadata(t.name, t.datatype, batch + t.dims) for t in signature.outputs.values()),
         )
 
     def model_config(self, name: str, version: int) -> ModelConfig:
@@ -107,8 +101,19 @@ class InferenceService:
 
     # --- inference ----------------------------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        model = self._manager.get_ready(request.model_name, request.model_version)
+    def find_model(self, name: str, version: int) -> ModelVersion:
+        """The READY version a request would go to; frontends look it up before decoding the body, as Triton does,
+        so a request for an unknown model is answered as such whatever its body holds."""
+        return self._manager.get_ready(name, version)
+
+    def raw_input(self, model: ModelVersion, raw: bytes | memoryview) -> InferInput:
+        if model.signature is None:
+            raise EdgedError(ErrorCode.UNAVAILABLE, f"model '{model.name}' is not ready")
+        return raw_binary_input(model.signature, raw)
+
+    async def infer(self, request: InferRequest, model: ModelVersion | None = None) -> InferResponse:
+        if model is None:
+            model = self._manager.get_ready(request.model_name, request.model_version)
         signature = model.signature
         scheduler = model.scheduler
         if signature is None or scheduler is None:

@@ -16,41 +16,48 @@ from edged.core.datatypes import ELEMENT_SIZE_BY_WIRE_NAME, NUMPY_DTYPE_BY_WIRE_
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 _LENGTH = struct.Struct("<I")
-
-# JSON numbers are accepted for a datatype when numpy infers one of these kinds from them; anything else (a
-# string where a number is expected, a float for an integer tensor) is refused rather than silently cast.
-_JSON_KINDS: dict[str, str] = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
+# Deeper nesting of a JSON `data` array than this is refused: no tensor has that many dimensions, and walking
+# it costs the server while proving nothing.
+MAX_JSON_DEPTH = 100
 
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return math.prod(shape)
 
 
-def numpy_dtype(datatype: str) -> np.dtype[Any]:
-    dtype = NUMPY_DTYPE_BY_WIRE_NAME.get(datatype)
-    if dtype is None:
-        raise invalid_arg(f"invalid datatype '{datatype}'")
-    return dtype
+def binary_dtype(datatype: str) -> np.dtype[Any] | None:
+    if datatype == "BF16":
+        # numpy has no bfloat16: the bits travel as uint16 and backends that know BF16 reinterpret them.
+        return np.dtype("<u2")
+    return NUMPY_DTYPE_BY_WIRE_NAME.get(datatype)
 
 
-def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = None) -> list[bytes]:
-    """Split a length-prefixed BYTES buffer into its elements; checks every length against the buffer."""
+def element_size(datatype: str) -> int | None:
+    return ELEMENT_SIZE_BY_WIRE_NAME.get(datatype)
+
+
+def deserialize_bytes_tensor(buffer: bytes | memoryview, name: str, limit: int | None = None) -> list[bytes]:
+    """Split a length-prefixed BYTES buffer; stops after ``limit + 1`` elements (the caller reports too many)."""
     view = memoryview(buffer)
     end = len(view)
     out: list[bytes] = []
     offset = 0
     while offset < end:
         if offset + 4 > end:
-            raise invalid_arg("incomplete length prefix in BYTES tensor data")
+            raise invalid_arg(
+                f"incomplete string length indicator for inference input '{name}', expecting 4 bytes but only "
+                f"{end - offset} bytes available"
+            )
         (length,) = _LENGTH.unpack_from(view, offset)
         offset += 4
         if length > end - offset:
             raise invalid_arg(
-                f"BYTES element of {length} bytes runs past the end of the tensor data ({end - offset} left)"
+                f"incomplete string data for inference input '{name}', expecting string of length {length} but "
+                f"only {end - offset} bytes available"
             )
         out.append(bytes(view[offset : offset + length]))
         offset += length
-        if count is not None and len(out) > count:
+        if limit is not None and len(out) > limit:
             break
     return out
 
@@ -64,93 +71,66 @@ def serialize_bytes_tensor(array: np.ndarray[Any, Any]) -> bytes:
     return b"".join(parts)
 
 
-def array_from_binary(
-    name: str, datatype: str, shape: tuple[int, ...], buffer: bytes | memoryview
-) -> np.ndarray[Any, Any]:
-    """The tensor ``name`` from its binary form; the byte size must be exactly what the shape needs."""
-    count = element_count(shape)
-    if datatype == "BYTES":
-        elements = deserialize_bytes_tensor(buffer, count)
-        if len(elements) != count:
-            raise invalid_arg(
-                f"unexpected number of string elements {len(elements)} for inference input '{name}', "
-                f"expecting {count}"
-            )
-        array = np.empty(count, dtype=np.object_)
-        array[:] = elements
-        return array.reshape(shape)
-    size = ELEMENT_SIZE_BY_WIRE_NAME.get(datatype)
-    if size is None:
-        raise invalid_arg(f"invalid datatype '{datatype}' for inference input '{name}'")
-    expected = count * size
-    if len(buffer) != expected:
-        raise invalid_arg(
-            f"unexpected total byte size {len(buffer)} for inference input '{name}', expecting {expected}"
-        )
-    return np.frombuffer(buffer, dtype=_binary_dtype(datatype)).reshape(shape)
+def bytes_array(elements: list[bytes], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    array = np.empty(len(elements), dtype=np.object_)
+    array[:] = elements
+    return array.reshape(shape)
 
 
-def _binary_dtype(datatype: str) -> np.dtype[Any]:
-    if datatype == "BF16":
-        # numpy has no bfloat16: the bits travel as uint16 and backends that know BF16 reinterpret them.
-        return np.dtype("<u2")
-    return numpy_dtype(datatype)
+def _internal(message: str) -> EdgedError:
+    # Triton reports JSON structure errors with its INTERNAL code (HTTP 500); clients see the same status here.
+    return EdgedError(ErrorCode.INTERNAL, message)
 
 
 def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray[Any, Any]:
     """The tensor ``name`` from a JSON ``data`` field (flat or nested row-major arrays)."""
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
-            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input "
-            f"'{name}'"
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input {name}"
         )
-    count = element_count(shape)
+    if datatype != "BYTES" and datatype not in NUMPY_DTYPE_BY_WIRE_NAME:
+        raise invalid_arg(f"invalid datatype for input {name}")
     if not isinstance(data, list):
-        data = [data]
+        raise _internal("Unable to parse 'data': attempt to access JSON non-array as array")
+    count = element_count(shape)
+    flat = _flatten(data)
+    if len(flat) != count:
+        raise _internal("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if datatype == "BYTES":
-        flat = _flatten(data)
-        if len(flat) != count:
-            raise _shape_mismatch(name, count, len(flat))
-        array = np.empty(count, dtype=np.object_)
-        for i, item in enumerate(flat):
-            if not isinstance(item, str):
-                raise invalid_arg(f"unable to parse 'data' for input '{name}': expected a string")
-            array[i] = item.encode("utf-8")
-        return array.reshape(shape)
-    dtype = numpy_dtype(datatype)
-    try:
-        parsed = np.asarray(data)
-    except ValueError:
-        # Ragged nesting: flatten it as Triton does and count what is there.
-        parsed = np.asarray(_flatten(data))
-    if parsed.size != count:
-        raise _shape_mismatch(name, count, int(parsed.size))
-    if parsed.size and parsed.dtype.kind not in _JSON_KINDS[dtype.kind]:
-        raise invalid_arg(
-            f"unable to parse 'data' for input '{name}': expected {datatype} values, got {parsed.dtype.kind!r}"
-            " values"
-        )
-    if dtype.kind in "iu" and parsed.size:
+        if not all(isinstance(item, str) for item in flat):
+            raise _internal("Unable to parse JSON bytes array: attempt to access JSON non-string as string")
+        return bytes_array([item.encode("utf-8") for item in flat], shape)
+    dtype = NUMPY_DTYPE_BY_WIRE_NAME[datatype]
+    assert dtype is not None
+    kind = dtype.kind
+    if kind == "b":
+        if not all(isinstance(item, bool) for item in flat):
+            raise _internal("Unable to parse 'data': attempt to access JSON non-boolean as boolean")
+    elif kind in "iu":
+        if not all(isinstance(item, int) and not isinstance(item, bool) for item in flat):
+            signed = "signed" if kind == "i" else "unsigned"
+            raise _internal(f"Unable to parse 'data': attempt to access JSON non-{signed}-integer as {signed}-integer")
         info = np.iinfo(dtype)
-        if int(parsed.min()) < info.min or int(parsed.max()) > info.max:
-            raise invalid_arg(f"unable to parse 'data' for input '{name}': value out of range for {datatype}")
-    return parsed.astype(dtype, copy=False).reshape(shape)
-
-
-def _shape_mismatch(name: str, expected: int, got: int) -> EdgedError:
-    return EdgedError(
-        ErrorCode.INVALID_ARG,
-        f"unable to parse 'data' for input '{name}': shape does not match the {got} element(s) given, "
-        f"expecting {expected}",
-    )
+        if flat and (min(flat) < info.min or max(flat) > info.max):
+            raise invalid_arg(f"unable to parse 'data' for input '{name}': a value is out of range for {datatype}")
+    elif not all(isinstance(item, (int, float)) and not isinstance(item, bool) for item in flat):
+        raise _internal("Unable to parse 'data': attempt to access JSON non-number as double")
+    return np.array(flat, dtype=dtype).reshape(shape)
 
 
 def _flatten(data: list[Any]) -> list[Any]:
+    # Fast path: the flat arrays that clients send are returned as they are.
+    if not any(isinstance(item, list) for item in data):
+        return data
     out: list[Any] = []
     stack: list[Any] = [iter(data)]
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
+                if len(stack) >= MAX_JSON_DEPTH:
+                    raise invalid_arg(
+                        f"failed to parse the request JSON buffer: 'data' is nested deeper than {MAX_JSON_DEPTH} levels"
+                    )
                 stack.append(iter(item))
                 break
             out.append(item)

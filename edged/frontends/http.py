@@ -8,14 +8,15 @@ endpoints are ordinary Litestar handlers.
 from __future__ import annotations
 
 import logging
+import re
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.exceptions import MethodNotAllowedException, NotFoundException
-from litestar.handlers import asgi
 
+from edged.core.inference import InferRequest
 from edged.core.model_config import model_config_to_json
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.http_codec import (
@@ -70,11 +71,22 @@ def _service(request: Request[Any, Any, Any]) -> InferenceService:
 
 def _version(text: str | None) -> int:
     """URL versions must be digits; anything else is an unknown path, as in Triton's router."""
-    if text is None:
-        return -1
-    if not text.isascii() or not text.isdigit():
+    if text is not None and not (text.isascii() and text.isdigit()):
         raise NotFoundException()
-    return int(text)
+    return _parse_version(text)
+
+
+def _parse_version(text: str | None) -> int:
+    if not text:
+        return -1
+    value = int(text)
+    if value >= 2**63:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"failed to get model version from specified version string '{text}' (details: stol), version should be "
+            "an integral value > 0",
+        )
+    return value
 
 
 # --- health and metadata --------------------------------------------------------------------------------
@@ -107,9 +119,7 @@ def model_ready(request: Request[Any, Any, Any], model: str, version: str | None
 
 
 @get(["/v2/models/{model:str}", "/v2/models/{model:str}/versions/{version:str}"], sync_to_thread=False)
-def model_metadata(
-    request: Request[Any, Any, Any], model: str, version: str | None = None
-) -> Response[bytes]:
+def model_metadata(request: Request[Any, Any, Any], model: str, version: str | None = None) -> Response[bytes]:
     meta = _service(request).model_metadata(model, _version(version))
     return _json(
         {
@@ -117,9 +127,7 @@ def model_metadata(
             "versions": list(meta.versions),
             "platform": meta.platform,
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs],
-            "outputs": [
-                {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs
-            ],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs],
         }
     )
 
@@ -143,7 +151,7 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
             raise EdgedError(ErrorCode.INVALID_ARG, "the repository index request must be a JSON object")
         value = parsed.get("ready", False)
         if not isinstance(value, bool):
-            raise EdgedError(ErrorCode.INVALID_ARG, "Unable to parse 'ready', expected a boolean")
+            raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-boolean as boolean")
         ready = value
     entries = []
     for entry in _service(request).repository_index(ready):
@@ -152,7 +160,7 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
             item["version"] = entry.version
         if entry.state:
             item["state"] = entry.state
-        if entry.state or entry.reason:
+        if entry.reason:
             item["reason"] = entry.reason
         entries.append(item)
     return _json(entries)
@@ -161,44 +169,66 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
 # --- inference ------------------------------------------------------------------------------------------
 
 
-@asgi(["/v2/models/{model:str}/infer", "/v2/models/{model:str}/versions/{version:str}/infer"])
-async def infer(scope: Scope, receive: Receive, send: Send) -> None:
-    app = scope["app"]
-    service: InferenceService = app.state.service
-    options: HttpOptions = app.state.http_options
-    if scope.get("method") != "POST":
-        await _send(send, 405, error_body("Method Not Allowed"), _JSON)
-        return
-    params = scope["path_params"]
-    version_text = params.get("version")
-    if version_text is not None and not (version_text.isascii() and version_text.isdigit()):
-        await _send(send, 404, error_body("Not Found"), _JSON)
-        return
-    headers = _headers(scope)
-    try:
-        body = await _read_body(receive, headers, options.max_input_size)
-        header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
-        request, binary_default = decode_infer_request(
-            params["model"], int(version_text) if version_text else -1, body, header_length
-        )
-        response = await service.infer(request)
-        payload, json_length = encode_infer_response(response, request.outputs, binary_default)
-    except EdgedError as exc:
-        await _send(send, status_for(exc), error_body(exc.message), _JSON)
-        return
-    except _BodyTooLarge as exc:
-        await _send(send, 413, error_body(str(exc)), _JSON)
-        return
-    extra: list[tuple[bytes, bytes]] = []
-    content_type = _JSON
-    if json_length is not None:
-        content_type = _OCTETS
-        extra.append((b"inference-header-content-length", str(json_length).encode()))
-    encoding = _accepted_encoding(headers.get("accept-encoding"))
-    if encoding is not None:
-        payload = _compress(payload, encoding)
-        extra.append((b"content-encoding", encoding.encode()))
-    await _send(send, 200, payload, content_type, extra)
+class InferRoute:
+    """Serves ``POST /v2/models/{model}[/versions/{version}]/infer`` ahead of the Litestar router.
+
+    The infer path is the one every request takes, so it skips the framework's routing and request objects; every
+    other path goes to the Litestar app.
+    """
+
+    _PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+    def __init__(self, app: Litestar, service: InferenceService, options: HttpOptions) -> None:
+        self._app = app
+        self._service = service
+        self._options = options
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind: str = scope["type"]
+        if kind == "http":
+            match = self._PATH.fullmatch(scope["path"])
+            if match is not None:
+                await self._infer(scope, receive, send, match.group(1), match.group(2))
+                return
+        await self._app(scope, receive, send)
+
+    async def _infer(
+        self, scope: Scope, receive: Receive, send: Send, model_name: str, version_text: str | None
+    ) -> None:
+        service, options = self._service, self._options
+        if scope.get("method") != "POST":
+            await _send(send, 405, error_body("Method Not Allowed"), _JSON)
+            return
+        headers = _headers(scope)
+        try:
+            version = _parse_version(version_text)
+            model = service.find_model(model_name, version)
+            body = await _read_body(receive, headers, options.max_input_size)
+            header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+            if header_length == 0 or (header_length is None and not body):
+                # A raw binary request: the body is the model's single input, every output comes back binary.
+                request = InferRequest(model_name, version, "", [service.raw_input(model, body)])
+                binary_default = True
+            else:
+                request, binary_default = decode_infer_request(model_name, version, body, header_length)
+            response = await service.infer(request, model)
+            payload, json_length = encode_infer_response(response, request.outputs, binary_default)
+        except EdgedError as exc:
+            await _send(send, status_for(exc), error_body(exc.message), _JSON)
+            return
+        except _BodyTooLarge as exc:
+            await _send(send, 413, error_body(str(exc)), _JSON)
+            return
+        extra: list[tuple[bytes, bytes]] = []
+        content_type = _JSON
+        if json_length is not None:
+            content_type = _OCTETS
+            extra.append((b"inference-header-content-length", str(json_length).encode()))
+        encoding = _accepted_encoding(headers.get("accept-encoding"))
+        if encoding is not None:
+            payload = _compress(payload, encoding)
+            extra.append((b"content-encoding", encoding.encode()))
+        await _send(send, 200, payload, content_type, extra)
 
 
 class _BodyTooLarge(Exception):
@@ -233,7 +263,7 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
         return body
     if encoding in ("gzip", "deflate"):
         return _decompress(body, encoding, limit)
-    raise EdgedError(ErrorCode.UNSUPPORTED, f"unsupported Content-Encoding '{encoding}'")
+    raise EdgedError(ErrorCode.UNSUPPORTED, "Unsupported compression type")
 
 
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -301,7 +331,7 @@ def _internal_handler(request: Request[Any, Any, Any], exc: Exception) -> Respon
     return Response(error_body(str(detail)), status_code=status, media_type=MediaType.JSON)
 
 
-def create_http_app(service: InferenceService, options: HttpOptions) -> Litestar:
+def create_http_app(service: InferenceService, options: HttpOptions) -> InferRoute:
     app = Litestar(
         route_handlers=[
             health_live,
@@ -311,7 +341,6 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> Litestar
             model_metadata,
             model_config,
             repository_index,
-            infer,
         ],
         exception_handlers={
             EdgedError: _edged_error_handler,
@@ -324,5 +353,4 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> Litestar
         logging_config=None,
     )
     app.state.service = service
-    app.state.http_options = options
-    return app
+    return InferRoute(app, service, options)

@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 
 from edged.core.inference import InferInput, InferRequest, InferResponse, ParameterValue, RequestedOutput
-from edged.core.tensors import array_from_binary, array_from_json, array_to_binary, array_to_json
-from edged.errors import invalid_arg, unsupported
+from edged.core.tensors import array_from_json, array_to_binary, array_to_json
+from edged.errors import EdgedError, ErrorCode, invalid_arg, unsupported
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -23,25 +23,57 @@ _RESERVED_TRITON_PREFIX = "triton_"
 
 
 def parse_header_length(value: str | None, body_length: int) -> int | None:
-    """The JSON part's length from Inference-Header-Content-Length; None means the whole body is JSON."""
+    """The JSON part's length from Inference-Header-Content-Length; None means the whole body is JSON.
+
+    A value that is not a number reads as 0 (a raw binary request), as Triton's atoi-based parser reads it.
+    """
     if value is None:
         return None
-    try:
-        length = int(value)
-    except ValueError:
-        raise invalid_arg(f"Unable to parse inference header size, got: {value}") from None
+    text = value.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    length = int(text) if digits.isdigit() else 0
     if length < 0 or length > body_length:
         raise invalid_arg(f"inference header size should be in range (0, {body_length}), got: {value}")
     return length
+
+
+def _internal(message: str) -> EdgedError:
+    # Triton answers JSON structure errors with its INTERNAL code (HTTP 500); tritonclient users see the same.
+    return EdgedError(ErrorCode.INTERNAL, message)
 
 
 def decode_json(data: bytes | memoryview) -> Any:
     try:
         return _decoder.decode(data)
     except RecursionError:
-        raise invalid_arg("failed to parse the request JSON buffer: JSON nesting is too deep") from None
+        raise invalid_arg("failed to parse the request JSON buffer: the document is nested too deeply") from None
     except msgspec.DecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        raise _internal(f"failed to parse the request JSON buffer: {exc}") from None
+
+
+def _member(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if key not in obj:
+        raise _internal(f"Unable to parse '{key}': attempt to access non-existing object member '{key}'")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise _internal(f"Unable to parse '{key}': attempt to access JSON {what}")
+    return value
+
+
+def _optional_bool(obj: dict[str, Any], key: str) -> bool | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise _internal(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
+    return value
+
+
+def _unsigned(obj: dict[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _internal(f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as unsigned-integer")
+    return value
 
 
 def decode_infer_request(
@@ -51,133 +83,110 @@ def decode_infer_request(
     view = memoryview(body)
     header = decode_json(view if header_length is None else view[:header_length])
     if not isinstance(header, dict):
-        raise invalid_arg("failed to parse the request JSON buffer: the request must be a JSON object")
-    binary_offset = len(body) if header_length is None else header_length
+        raise _internal("Unable to parse 'inputs': attempt to access non-existing object member 'inputs'")
+    offset = len(body) if header_length is None else header_length
 
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
-        raise invalid_arg("the request 'id' must be a string")
-    parameters, binary_output = _request_parameters(header.get("parameters"))
+        raise _internal("Unable to parse 'id': attempt to access JSON non-string as string")
+    raw_params = header.get("parameters")
+    parameters, binary_output = _request_parameters(raw_params if raw_params is not None else {})
 
-    raw_inputs = header.get("inputs")
-    if not isinstance(raw_inputs, list):
-        raise invalid_arg("the request must specify 'inputs' as an array")
+    raw_inputs = _member(header, "inputs", list, "non-array as array")
     inputs: list[InferInput] = []
     for raw in raw_inputs:
-        tensor, binary_offset = _decode_input(raw, view, binary_offset, header_length is not None)
+        if not isinstance(raw, dict):
+            raise _internal("Unable to parse 'inputs': attempt to access JSON non-object as object")
+        tensor, offset = _decode_input(model_name, raw, view, offset)
         inputs.append(tensor)
-    if binary_offset != len(body):
-        raise invalid_arg("unexpected additional input data")
+    if offset != len(body):
+        raise invalid_arg(f"unexpected additional input data for model '{model_name}'")
 
     outputs: list[RequestedOutput] | None = None
-    raw_outputs = header.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise invalid_arg("the request 'outputs' must be an array")
+    if "outputs" in header:
+        raw_outputs = _member(header, "outputs", list, "non-array as array")
         outputs = [_decode_output(raw) for raw in raw_outputs]
     request = InferRequest(model_name, model_version, request_id, inputs, outputs, parameters)
     return request, binary_output
 
 
 def _request_parameters(raw: Any) -> tuple[dict[str, ParameterValue], bool]:
-    if raw is None:
-        return {}, False
     if not isinstance(raw, dict):
-        raise invalid_arg("the request 'parameters' must be a JSON object")
+        raise _internal("Unable to parse 'parameters': attempt to access JSON non-object as object")
     parameters: dict[str, ParameterValue] = {}
-    binary_output = False
     for key, value in raw.items():
         if key.startswith(_RESERVED_TRITON_PREFIX):
-            raise invalid_arg(f"parameter keys starting with 'triton_' are reserved for Triton usage: {key}")
-        if key == "binary_data_output":
-            if not isinstance(value, bool):
-                raise invalid_arg("parameter 'binary_data_output' must be a boolean")
-            binary_output = value
-            continue
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+            )
         if not isinstance(value, (bool, int, float, str)):
-            raise invalid_arg(f"parameter '{key}' must be a boolean, a number or a string")
+            raise invalid_arg(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
         parameters[key] = value
-    return parameters, binary_output
+    binary_output = _optional_bool(raw, "binary_data_output")
+    parameters.pop("binary_data_output", None)
+    return parameters, bool(binary_output)
 
 
-def _decode_input(raw: Any, body: memoryview, offset: int, has_binary: bool) -> tuple[InferInput, int]:
-    if not isinstance(raw, dict):
-        raise invalid_arg("each entry of 'inputs' must be a JSON object")
-    name = raw.get("name")
-    if not isinstance(name, str):
-        raise invalid_arg("input must specify 'name' as a string")
-    datatype = raw.get("datatype")
-    if not isinstance(datatype, str):
-        raise invalid_arg(f"input '{name}' must specify 'datatype' as a string")
-    raw_shape = raw.get("shape")
-    if not isinstance(raw_shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw_shape
-    ):
-        raise invalid_arg(f"input '{name}' must specify 'shape' as an array of non-negative integers")
+def _decode_input(model: str, raw: dict[str, Any], body: memoryview, offset: int) -> tuple[InferInput, int]:
+    name = _member(raw, "name", str, "non-string as string")
+    datatype = _member(raw, "datatype", str, "non-string as string")
+    raw_shape = _member(raw, "shape", list, "non-array as array")
+    for dim in raw_shape:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+            raise _internal("Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer")
     shape = tuple(raw_shape)
     params = raw.get("parameters") or {}
     if not isinstance(params, dict):
-        raise invalid_arg(f"input '{name}' 'parameters' must be a JSON object")
-    binary_size = params.get("binary_data_size")
-    has_data = "data" in raw
-    has_shm = "shared_memory_region" in params
-    if has_data + (binary_size is not None) + has_shm != 1:
-        raise invalid_arg(
-            f"Input '{name}' must set only one of the following fields: 'data', 'binary_data_size' in "
-            "'parameters', 'shared_memory_region' in 'parameters'"
+        raise _internal("Unable to parse 'parameters': attempt to access JSON non-object as object")
+    sources = [
+        key
+        for key, present in (
+            ("data", "data" in raw),
+            ("binary_data_size", "binary_data_size" in params),
+            ("shared_memory_region", "shared_memory_region" in params),
         )
-    if has_shm:
-        raise unsupported("shared memory support is disabled")
-    if binary_size is not None:
-        if not isinstance(binary_size, int) or isinstance(binary_size, bool) or binary_size < 0:
-            raise invalid_arg(f"input '{name}' 'binary_data_size' must be a non-negative integer")
-        if not has_binary:
-            raise invalid_arg(
-                f"must specify valid 'Infer-Header-Content-Length' in request header and 'binary_data_size' "
-                f"when passing inputs in binary data format, input '{name}'"
-            )
-        end = offset + binary_size
-        if end > len(body):
-            raise invalid_arg(
-                f"unexpected size for input '{name}', expecting {binary_size} bytes but only "
-                f"{len(body) - offset} bytes remain in the request body"
-            )
-        data = array_from_binary(name, datatype, shape, body[offset:end])
-        offset = end
-    else:
-        data = array_from_json(name, datatype, shape, raw["data"])
-    tensor_params = {k: v for k, v in params.items() if k != "binary_data_size" and _is_scalar(v)}
-    return InferInput(name, datatype, shape, data, tensor_params), offset
+        if present
+    ]
+    if len(sources) != 1:
+        detail = " no field is set" if not sources else " set " + " ".join(f"'{k}'" for k in sources)
+        raise invalid_arg(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            f"'shared_memory_region' in 'parameters'. But{detail}"
+        )
+    if sources[0] == "shared_memory_region":
+        raise unsupported("shared memory support is disabled: start edged with --allow-client-shm to use it")
+    kept = {k: v for k, v in params.items() if k != "binary_data_size" and isinstance(v, (bool, int, float, str))}
+    if sources[0] == "data":
+        return InferInput(
+            name, datatype, shape, array_from_json(name, datatype, shape, raw["data"]), None, kept
+        ), offset
+    size = _unsigned(params, "binary_data_size")
+    assert size is not None
+    end = offset + size
+    if end > len(body):
+        raise invalid_arg(
+            f"unexpected size for input '{name}', expecting {end - len(body)} additional bytes for model '{model}'"
+        )
+    return InferInput(name, datatype, shape, None, body[offset:end], kept), end
 
 
 def _decode_output(raw: Any) -> RequestedOutput:
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        raise invalid_arg("each entry of 'outputs' must be a JSON object with a 'name'")
+    if not isinstance(raw, dict):
+        raise _internal("Unable to parse 'outputs': attempt to access JSON non-object as object")
+    name = _member(raw, "name", str, "non-string as string")
     params = raw.get("parameters") or {}
     if not isinstance(params, dict):
-        raise invalid_arg(f"output '{raw['name']}' 'parameters' must be a JSON object")
+        raise _internal("Unable to parse 'parameters': attempt to access JSON non-object as object")
+    classification = _unsigned(params, "classification") or 0
+    binary = _optional_bool(params, "binary_data")
     if "shared_memory_region" in params:
-        raise unsupported("shared memory support is disabled")
-    classification = params.get("classification", 0)
-    if not isinstance(classification, int) or isinstance(classification, bool) or classification < 0:
-        raise invalid_arg(f"output '{raw['name']}' 'classification' must be a non-negative integer")
-    binary = params.get("binary_data")
-    if binary is not None and not isinstance(binary, bool):
-        raise invalid_arg(f"output '{raw['name']}' 'binary_data' must be a boolean")
-    kept = {k: v for k, v in params.items() if _is_scalar(v)}
-    return RequestedOutput(raw["name"], classification, kept)
-
-
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, (bool, int, float, str))
-
-
-def raw_binary_request(
-    model_name: str, model_version: int, input_name: str, datatype: str, shape: tuple[int, ...], body: bytes
-) -> InferRequest:
-    """A request whose body is the single input's bytes (Inference-Header-Content-Length: 0)."""
-    data = array_from_binary(input_name, datatype, shape, memoryview(body))
-    return InferRequest(model_name, model_version, "", [InferInput(input_name, datatype, shape, data)])
+        if classification:
+            raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
+        if binary:
+            raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
+        raise unsupported("shared memory support is disabled: start edged with --allow-client-shm to use it")
+    kept = {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str))}
+    return RequestedOutput(name, classification, kept)
 
 
 def encode_infer_response(
@@ -188,7 +197,10 @@ def encode_infer_response(
     if requested is not None:
         for wanted in requested:
             flag = wanted.parameters.get("binary_data")
-            wants_binary[wanted.name] = flag if isinstance(flag, bool) else binary_default
+            # A classification output stays JSON unless it asks for binary itself (Triton ignores
+            # binary_data_output for it).
+            default = binary_default and not wanted.classification
+            wants_binary[wanted.name] = flag if isinstance(flag, bool) else default
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
     for output in response.outputs:
