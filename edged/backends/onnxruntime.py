@@ -49,10 +49,11 @@ _PROVIDER_BY_ACCELERATOR: dict[str, str] = {
     "openvino": "OpenVINOExecutionProvider",
 }
 # optimization.graph.level as Triton's onnxruntime backend reads it.
+# (any other level means ORT_ENABLE_ALL, ONNX Runtime's default).
 _GRAPH_LEVELS: dict[int, ort.GraphOptimizationLevel] = {
     -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    0: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
 KIND_AUTO, KIND_GPU, KIND_CPU, KIND_MODEL = 0, 1, 2, 3
 
@@ -67,24 +68,45 @@ def _dims(shape: Sequence[Any]) -> list[int]:
 
 class OnnxRuntimeBackend:
     def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
+        """Triton's onnxruntime rules: batching when every model tensor has a variable first dimension; the
+        side (inputs or outputs) the config leaves empty is filled from the graph; a given side is only checked."""
+        if (config.input or config.batch_input) and config.output:
+            log.info(
+                "skipping model configuration auto-complete for '%s': inputs and outputs already specified",
+                config.name,
+            )
+            return
         session = _open_session(context, ort.SessionOptions(), ["CPUExecutionProvider"])
         inputs, outputs = session.get_inputs(), session.get_outputs()
-        tensors = [*inputs, *outputs]
-        # A model batches when every input and output has a variable leading dimension, as Triton decides.
-        batching = bool(tensors) and all(len(t.shape) > 0 and _is_dynamic(t.shape[0]) for t in tensors)
-        if config.max_batch_size == 0 and batching and not config.input and not config.output:
-            config.max_batch_size = default_max_batch_size
-            if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
+        can_batch = all(len(t.shape) > 0 and _is_dynamic(t.shape[0]) for t in [*inputs, *outputs])
+        if can_batch:
+            if config.max_batch_size == 0:
+                config.max_batch_size = max(default_max_batch_size, 0)
+                log.warning(
+                    "autofilled max_batch_size to %d for model '%s' since batching is supported but no "
+                    "max_batch_size is specified in model configuration",
+                    config.max_batch_size,
+                    config.name,
+                )
+            if config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
                 config.dynamic_batching.SetInParent()
-        skip = 1 if config.max_batch_size > 0 else 0
-        if not config.input:
-            for tensor in inputs:
-                entry = config.input.add(name=tensor.name, data_type=_config_type(context, tensor.type))
-                entry.dims.extend(_dims(tensor.shape[skip:]))
-        if not config.output:
-            for tensor in outputs:
-                entry = config.output.add(name=tensor.name, data_type=_config_type(context, tensor.type))
-                entry.dims.extend(_dims(tensor.shape[skip:]))
+        elif config.max_batch_size != 0:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"autofill failed for model '{config.name}': model does not support batching while non-zero "
+                "max_batch_size is specified",
+            )
+        batching = config.max_batch_size > 0
+        for declared, actual in ((config.input, inputs), (config.output, outputs)):
+            if declared:
+                continue
+            for tensor in actual:
+                entry = declared.add(name=tensor.name, data_type=_config_type(context, tensor.type))
+                dims = _dims(tensor.shape[1:] if batching else tensor.shape)
+                entry.dims.extend(dims or [1])
+                if not dims and batching:
+                    # A per-item scalar: [1] in the config, reshaped to no dimensions for the model.
+                    entry.reshape.SetInParent()
 
     def load(self, config: ModelConfig, context: LoadContext) -> OnnxRuntimeModel:
         options = _session_options(config)
@@ -251,20 +273,19 @@ def _session_options(config: ModelConfig) -> ort.SessionOptions:
             options.intra_op_num_threads = int(params["intra_op_thread_count"])
         if "inter_op_thread_count" in params:
             options.inter_op_num_threads = int(params["inter_op_thread_count"])
-        if params.get("execution_mode") == "1":
+        mode = params.get("execution_mode", "0")
+        if mode not in ("0", "1"):
+            raise ValueError(f"execution_mode must be 0 or 1 but got {mode}")
+        if mode == "1":
             options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
         if "enable_mem_arena" in params:
             options.enable_cpu_mem_arena = params["enable_mem_arena"] not in ("0", "false")
     except ValueError as exc:
         raise EdgedError(ErrorCode.INVALID_ARG, f"invalid onnxruntime parameter for '{config.name}': {exc}") from None
     if config.optimization.HasField("graph"):
-        level = _GRAPH_LEVELS.get(config.optimization.graph.level)
-        if level is None:
-            raise EdgedError(
-                ErrorCode.INVALID_ARG,
-                f"unknown optimization.graph.level {config.optimization.graph.level} for '{config.name}'",
-            )
-        options.graph_optimization_level = level
+        options.graph_optimization_level = _GRAPH_LEVELS.get(
+            config.optimization.graph.level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        )
     return options
 
 
@@ -298,7 +319,7 @@ def _providers(config: ModelConfig, group: ModelInstanceGroup, device_id: int) -
 def _accelerator(config: ModelConfig, name: str, available: set[str], device_id: int) -> tuple[str, dict[str, Any]]:
     provider = _PROVIDER_BY_ACCELERATOR.get(name)
     if provider is None:
-        raise EdgedError(ErrorCode.INVALID_ARG, f"unknown execution accelerator '{name}' for model '{config.name}'")
+        raise EdgedError(ErrorCode.INVALID_ARG, f"unknown Execution Accelerator '{name}' is requested")
     if provider not in available:
         raise EdgedError(
             ErrorCode.UNAVAILABLE,
@@ -310,28 +331,72 @@ def _accelerator(config: ModelConfig, name: str, available: set[str], device_id:
 
 
 def _check_io(config: ModelConfig, context: LoadContext, session: ort.InferenceSession) -> None:
-    """The config must agree with the graph on names and types, or requests would fail one by one later."""
-    for kind, declared, actual in (
-        ("input", config.input, session.get_inputs()),
-        ("output", config.output, session.get_outputs()),
-    ):
+    """The config must agree with the graph on names, types and dimensions, or requests would fail one by one."""
+    model = context.model_name
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    required = len([t for t in config.input if not t.optional])
+    if not required <= len(inputs) <= len(config.input):
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"unable to load model '{model}', configuration expects {required} inputs, model provides {len(inputs)}",
+        )
+    batching = config.max_batch_size > 0
+    for kind, declared, actual in (("input", config.input, inputs), ("output", config.output, outputs)):
         by_name = {t.name: t for t in actual}
         for tensor in declared:
             found = by_name.get(tensor.name)
             if found is None:
+                allowed = ", ".join(sorted(by_name))
                 raise EdgedError(
                     ErrorCode.INVALID_ARG,
-                    f"unable to load model '{context.model_name}', unexpected {kind} '{tensor.name}' in the "
-                    f"configuration; the model has {sorted(by_name)}",
+                    f"unexpected inference {kind} '{tensor.name}', allowed {kind}s are: {allowed}",
                 )
             model_type = _config_type(context, found.type)
             if model_type != tensor.data_type:
                 raise EdgedError(
                     ErrorCode.INVALID_ARG,
-                    f"unable to load model '{context.model_name}', configuration expects datatype "
+                    f"unable to load model '{model}', configuration expects datatype "
                     f"{_type_name(tensor.data_type)} for {kind} '{tensor.name}', model provides "
                     f"{_type_name(model_type)}",
                 )
+            config_dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+            _compare_dims(model, tensor.name, _dims(found.shape), config_dims, batching, exact=kind == "output")
+
+
+def _compare_dims(
+    model: str, tensor: str, model_dims: list[int], config_dims: list[int], batching: bool, *, exact: bool
+) -> None:
+    if not model_dims:
+        return  # scalars are checked by element count at run time
+    shape = _shape_text(model_dims)
+    if batching:
+        if model_dims[0] != -1:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"model '{model}', tensor '{tensor}': for the model to support batching the shape should have at "
+                f"least 1 dimension and the first dimension must be -1; but shape expected by the model is {shape}",
+            )
+        full = [-1, *config_dims]
+        detail = (
+            "an initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, making "
+            f"complete shape {_shape_text(full)}"
+        )
+    else:
+        full = config_dims
+        detail = f"shape {_shape_text(full)}"
+    same = len(full) == len(model_dims) and all(
+        m == c or (not exact and m == -1) for m, c in zip(model_dims, full, strict=True)
+    )
+    if not same:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"model '{model}', tensor '{tensor}': the model expects {len(model_dims)} dimensions (shape {shape}) "
+            f"but the model configuration specifies {len(full)} dimensions ({detail})",
+        )
+
+
+def _shape_text(dims: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
 
 
 def _type_name(config_type: int) -> str:

@@ -69,8 +69,7 @@ def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-    _int64_to_numbers(config.DESCRIPTOR, data)
-    return data
+    return _int64_to_numbers(config.DESCRIPTOR, data)
 
 
 def model_config_to_json(config: ModelConfig) -> bytes:
@@ -91,29 +90,30 @@ def model_config_from_json(text: str | bytes) -> ModelConfig:
     return config
 
 
-def _int64_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:
-    """Turn protobuf JSON's 64-bit integer strings back into ints, in place, through every nested message."""
-    for name, value in data.items():
-        field = descriptor.fields_by_name.get(name)
-        if field is None:
+def _int64_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
+    """Turn protobuf JSON's 64-bit integer strings back into ints through every nested message, and order the keys
+    as the message declares its fields (as Triton prints them, rather than set fields first)."""
+    out: dict[str, Any] = {}
+    for field in descriptor.fields:
+        if field.name not in data:
             continue
+        value = data[field.name]
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             if _is_map(field):
                 # Map keys are always strings in JSON; only the values change.
                 value_field = field.message_type.fields_by_name["value"]
                 if value_field.type == FieldDescriptor.TYPE_MESSAGE:
-                    for item in value.values():
-                        _int64_to_numbers(value_field.message_type, item)
+                    value = {k: _int64_to_numbers(value_field.message_type, v) for k, v in value.items()}
                 elif value_field.type in _INT64_TYPES:
-                    for key in value:
-                        value[key] = int(value[key])
+                    value = {k: int(v) for k, v in value.items()}
             elif field.is_repeated:
-                for item in value:
-                    _int64_to_numbers(field.message_type, item)
+                value = [_int64_to_numbers(field.message_type, item) for item in value]
             else:
-                _int64_to_numbers(field.message_type, value)
+                value = _int64_to_numbers(field.message_type, value)
         elif field.type in _INT64_TYPES:
-            data[name] = [int(item) for item in value] if field.is_repeated else int(value)
+            value = [int(item) for item in value] if field.is_repeated else int(value)
+        out[field.name] = value
+    return out
 
 
 def _is_map(field: FieldDescriptor) -> bool:
