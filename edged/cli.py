@@ -118,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edged {__version__}")
         return 0
     if args.command == "check-repo":
+        import logging
+
         from edged.core.repository_manager import check_repositories
+
+        # The problems are the output; the loaders' own log lines would only repeat them.
+        logging.disable(logging.CRITICAL)
 
         problems = check_repositories(list(args.repository), auto_complete=not args.disable_auto_complete_config)
         for problem in problems:

@@ -8,13 +8,15 @@ import numpy as np
 
 from edged.errors import invalid_arg
 
+_CLASSIFIABLE = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"})
+
 
 def classify(
-    output_name: str, array: np.ndarray[Any, Any], k: int, labels: list[str] | None, batching: bool
+    datatype: str, array: np.ndarray[Any, Any], k: int, labels: list[str] | None, batching: bool
 ) -> np.ndarray[Any, Any]:
     """Top-``k`` classes of each batch item (or of the whole tensor without batching), as a BYTES array."""
-    if array.dtype.kind not in "biuf":
-        raise invalid_arg(f"class result not available for output '{output_name}' due to unsupported type")
+    if datatype not in _CLASSIFIABLE:
+        raise invalid_arg(f"class result not available for output due to unsupported type '{datatype}'")
     rows = array.reshape(array.shape[0], -1) if batching and array.ndim > 0 else array.reshape(1, -1)
     count = min(k, rows.shape[1])
     result = np.empty((rows.shape[0], count), dtype=np.object_)

@@ -16,7 +16,8 @@ def normalize_model_config(config: ModelConfig, gpu_count: int) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if not config.instance_group:
-        config.instance_group.add()
+        # The group Triton adds for a config without one is named after the model.
+        config.instance_group.add(name=config.name)
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"

@@ -63,11 +63,8 @@ def _validate_tensors(
         _validate_dims(model, kind, tensor.name, tensor.dims)
         if tensor.HasField("reshape"):
             _validate_reshape(model, kind, tensor.name, tensor.dims, tensor.reshape.shape)
-        elif not tensor.dims and max_batch_size == 0:
-            raise _error(
-                f"model {kind} '{tensor.name}' must specify 'dims' for {model}: a model without batching "
-                "needs at least one dimension (or a 'reshape' to a scalar)"
-            )
+        if not tensor.dims:
+            raise _error(f"model {kind} '{tensor.name}' must specify 'dims' for {model}")
 
 
 def _validate_dims(model: str, kind: str, tensor: str, dims: Iterable[int]) -> None:
@@ -75,7 +72,7 @@ def _validate_dims(model: str, kind: str, tensor: str, dims: Iterable[int]) -> N
         if dim != WILDCARD_DIM and dim < 1:
             raise _error(
                 f"model {kind} '{tensor}' dimension must be integer >= 1, or {WILDCARD_DIM} to indicate a "
-                f"variable-size dimension, for {model}"
+                f"variable-size dimension for {model}"
             )
 
 

@@ -76,6 +76,15 @@ class ModelEntry:
     versions: dict[int, ModelVersion] = field(default_factory=dict)
 
 
+class VersionsUnavailable(Exception):
+    """A config that parsed but cannot be served; every selected version is UNAVAILABLE for ``error``."""
+
+    def __init__(self, error: EdgedError, versions: list[int]) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.versions = versions
+
+
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     name: str
@@ -125,6 +134,15 @@ class ModelRepositoryManager:
         entry = ModelEntry(source)
         try:
             config, versions = self.read_config(source)
+        except VersionsUnavailable as exc:
+            # The config parsed but does not describe a model that can run: each version it selects fails.
+            entry.state = ModelState.UNAVAILABLE
+            for number in exc.versions:
+                entry.versions[number] = ModelVersion(
+                    source.name, number, ModelState.UNAVAILABLE, reason=exc.error.describe()
+                )
+            log.error("failed to load model '%s': %s", source.name, exc.error.message)
+            return entry
         except EdgedError as exc:
             entry.state, entry.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load model '%s': %s", source.name, exc.message)
@@ -172,7 +190,20 @@ class ModelRepositoryManager:
             )
         available = version_numbers(source)
         versions = select_versions(config, available)
-        fill_backend_fields(config, source, versions or available)
+        if not versions:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"at least one version must be available under the version policy of model '{source.name}'",
+            )
+        try:
+            self._complete_config(source, config, versions)
+        except EdgedError as exc:
+            raise VersionsUnavailable(exc, versions) from None
+        return config, versions
+
+    def _complete_config(self, source: ModelSource, config: ModelConfig, versions: list[int]) -> None:
+        """Backend fields, auto-complete, defaults and checks: what Triton does when it initialises the model."""
+        fill_backend_fields(config, source, versions)
         if not config.backend and not config.platform:
             raise EdgedError(
                 ErrorCode.INVALID_ARG,
@@ -185,20 +216,13 @@ class ModelRepositoryManager:
                 f"model '{source.name}' needs the '{config.backend or config.platform}' backend, which this "
                 "edged does not provide",
             )
-        if not versions:
-            raise EdgedError(
-                ErrorCode.UNAVAILABLE,
-                f"at least one version must be available under the version policy of model '{source.name}'",
-            )
         backend = get_backend(config.backend)
         if self._options.auto_complete:
-            newest = versions[-1]
             backend.auto_complete_config(
-                config, self._context(source, config, newest), self._options.default_max_batch_size
+                config, self._context(source, config, versions[-1]), self._options.default_max_batch_size
             )
         normalize_model_config(config, self._options.gpu_count)
         validate_model_config(config)
-        return config, versions
 
     def _context(self, source: ModelSource, config: ModelConfig, version: int) -> LoadContext:
         return LoadContext(
@@ -314,6 +338,9 @@ def check_repositories(repositories: list[Path], *, auto_complete: bool) -> list
         for name, source in sorted(scan.models.items()):
             try:
                 config, versions = manager.read_config(source)
+            except VersionsUnavailable as exc:
+                problems.append(f"{name}: {exc.error.message}")
+                continue
             except EdgedError as exc:
                 problems.append(f"{name}: {exc.message}")
                 continue

@@ -145,7 +145,7 @@ class InferenceService:
                 )
             if wanted.classification > 0:
                 classes = classify(
-                    output.name, output.data, wanted.classification, model.labels.get(output.name), batching
+                    output.datatype, output.data, wanted.classification, model.labels.get(output.name), batching
                 )
                 output = InferOutput(output.name, "BYTES", tuple(classes.shape), classes)
             selected.append(output)

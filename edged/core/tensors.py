@@ -143,6 +143,8 @@ def array_to_binary(array: np.ndarray[Any, Any], datatype: str) -> bytes | memor
     """The binary wire form; numeric arrays are returned as a view when already contiguous."""
     if datatype == "BYTES":
         return serialize_bytes_tensor(array)
+    if array.size == 0:
+        return b""
     contiguous = np.ascontiguousarray(array)
     if contiguous.dtype.byteorder == ">":
         contiguous = contiguous.astype(contiguous.dtype.newbyteorder("<"))

@@ -147,9 +147,8 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
     ready = False
     if body.strip():
         parsed = decode_json(body)
-        if not isinstance(parsed, dict):
-            raise EdgedError(ErrorCode.INVALID_ARG, "the repository index request must be a JSON object")
-        value = parsed.get("ready", False)
+        # The Python client sends the JSON string "" for "no options": anything but an object carries none.
+        value = parsed.get("ready", False) if isinstance(parsed, dict) else False
         if not isinstance(value, bool):
             raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-boolean as boolean")
         ready = value
@@ -164,6 +163,25 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
             item["reason"] = entry.reason
         entries.append(item)
     return _json(entries)
+
+
+@post(["/v2/repository/models/{model:str}/load", "/v2/repository/models/{model:str}/unload"], status_code=200)
+async def repository_load_unload(model: str) -> Response[bytes]:
+    del model
+    raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+
+
+@post(
+    [
+        "/v2/repository/{repository:str}/index",
+        "/v2/repository/{repository:str}/models/{model:str}/load",
+        "/v2/repository/{repository:str}/models/{model:str}/unload",
+    ],
+    status_code=200,
+)
+async def named_repository(repository: str) -> Response[bytes]:
+    del repository
+    raise EdgedError(ErrorCode.UNSUPPORTED, "'repository_name' specification is not supported")
 
 
 # --- inference ------------------------------------------------------------------------------------------
@@ -186,6 +204,11 @@ class InferRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind: str = scope["type"]
         if kind == "http":
+            path: str = scope["path"]
+            if len(path) > 1 and path.endswith("/"):
+                # Triton's routes are full matches: "/v2/" is not "/v2".
+                await _send(send, 404, error_body("Not Found"), _JSON)
+                return
             match = self._PATH.fullmatch(scope["path"])
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2))
@@ -341,6 +364,8 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
             model_metadata,
             model_config,
             repository_index,
+            repository_load_unload,
+            named_repository,
         ],
         exception_handlers={
             EdgedError: _edged_error_handler,

@@ -7,6 +7,7 @@ Binary inputs become numpy views over the body: the bytes are not copied on the 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -51,6 +52,27 @@ def decode_json(data: bytes | memoryview) -> Any:
         raise _internal(f"failed to parse the request JSON buffer: {exc}") from None
 
 
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
+
+
+def _decode_leading_json(body: memoryview) -> Any:
+    """The JSON document at the start of a body sent without Inference-Header-Content-Length.
+
+    Anything after it is still part of "the JSON" as far as binary inputs are concerned (so they find no bytes
+    left and say so), but the document itself parses, as Triton's parser stops at its end.
+    """
+    try:
+        return _decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        match = _TRAILING.search(str(exc))
+        if match is None:
+            return decode_json(body)
+        # msgspec counts bytes from 1: the document ends just before the byte it names.
+        return decode_json(body[: int(match.group(1)) - 1])
+    except RecursionError:
+        return decode_json(body)
+
+
 def _member(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
     if key not in obj:
         raise _internal(f"Unable to parse '{key}': attempt to access non-existing object member '{key}'")
@@ -81,7 +103,7 @@ def decode_infer_request(
 ) -> tuple[InferRequest, bool]:
     """The request, and whether every output should be binary unless an output says otherwise."""
     view = memoryview(body)
-    header = decode_json(view if header_length is None else view[:header_length])
+    header = _decode_leading_json(view) if header_length is None else decode_json(view[:header_length])
     if not isinstance(header, dict):
         raise _internal("Unable to parse 'inputs': attempt to access non-existing object member 'inputs'")
     offset = len(body) if header_length is None else header_length
@@ -197,10 +219,9 @@ def encode_infer_response(
     if requested is not None:
         for wanted in requested:
             flag = wanted.parameters.get("binary_data")
-            # A classification output stays JSON unless it asks for binary itself (Triton ignores
-            # binary_data_output for it).
-            default = binary_default and not wanted.classification
-            wants_binary[wanted.name] = flag if isinstance(flag, bool) else default
+            # binary_data_output only covers the outputs a request does not name: a named output is JSON unless
+            # it asks for binary itself, as Triton reads it.
+            wants_binary[wanted.name] = flag if isinstance(flag, bool) else False
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
     for output in response.outputs:
