@@ -89,6 +89,10 @@ def build_test_repository(repo: Path) -> None:
     modelgen.write_add_sub(repo / "broken_dtype", max_batch_size=8, dims=16, dtype="FP32")
     _replace_in_config(repo / "broken_dtype", "TYPE_FP32", "TYPE_INT32", 1)
 
+    # A valid config beside a model file that is not ONNX at all.
+    modelgen.write_add_sub(repo / "broken_onnx", max_batch_size=8, dims=16, dtype="FP32")
+    (repo / "broken_onnx" / "1" / "model.onnx").write_bytes(b"this is not a protobuf")
+
     # A model folder without any version folder.
     modelgen.write_add_sub(repo / "no_version", max_batch_size=8, dims=16, dtype="FP32")
     for child in (repo / "no_version" / "1").iterdir():
@@ -122,7 +126,13 @@ GOOD_MODELS: Final[tuple[str, ...]] = (
     "two_versions_all",
     "two_versions_latest",
 )
-BROKEN_MODELS: Final[tuple[str, ...]] = ("broken_syntax", "broken_dims", "broken_dtype", "no_version")
+BROKEN_MODELS: Final[tuple[str, ...]] = (
+    "broken_syntax",
+    "broken_dims",
+    "broken_dtype",
+    "broken_onnx",
+    "no_version",
+)
 
 
 @pytest.fixture(scope="session")

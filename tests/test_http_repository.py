@@ -254,3 +254,13 @@ def test_default_version_policy_serves_only_the_latest(client: httpclient.Infere
         _scale(client, "two_versions_latest", "1")
     assert caught.value.status() == "404"
     assert caught.value.message() == "Request for unknown model: 'two_versions_latest' version 1 is not found"
+
+
+def test_unreadable_onnx_file_is_unavailable_with_onnxruntime_reason(client: httpclient.InferenceServerClient) -> None:
+    (entry,) = _entries(_index(client), "broken_onnx")
+    assert entry["state"] == "UNAVAILABLE"
+    assert entry["version"] == "1"
+    assert entry["reason"].startswith("Invalid argument: onnx runtime error loading model 'broken_onnx'")
+    # onnxruntime names the file by its absolute path; the reason names it within the model folder.
+    assert "1/model.onnx" in entry["reason"]
+    assert "/tmp" not in entry["reason"] and "pytest" not in entry["reason"]

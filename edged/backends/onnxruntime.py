@@ -259,9 +259,10 @@ def _open_session(context: LoadContext, options: ort.SessionOptions, providers: 
     try:
         return ort.InferenceSession(os.fspath(path), options, providers=providers)
     except Exception as exc:  # onnxruntime reports invalid graphs as several exception types
+        # onnxruntime names the file by its absolute path; clients see it relative to the model folder.
+        detail = _first_line(exc).replace(str(context.model_dir) + "/", "")
         raise EdgedError(
-            ErrorCode.INVALID_ARG,
-            f"onnx runtime error loading model '{context.model_name}': {_first_line(exc)}",
+            ErrorCode.INVALID_ARG, f"onnx runtime error loading model '{context.model_name}': {detail}"
         ) from None
 
 
