@@ -52,7 +52,8 @@ class DirectScheduler:
         self._idle.set()
 
     async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError:
-        instance = self._free.popleft() if self._free else await self._wait_for_instance()
+        # Newest-released first: the instance that just ran has its weights and threads warm.
+        instance = self._free.pop() if self._free else await self._wait_for_instance()
         self._in_flight += 1
         self._idle.clear()
         try:
