@@ -14,8 +14,18 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from conftest import ALL_DTYPES, identity_model_name
-from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Reply, Server, add_sub_inputs, post_json, request
+from server import (
+    ADD_SUB_INPUT0,
+    ADD_SUB_INPUT1,
+    Reply,
+    Server,
+    add_sub_inputs,
+    assert_still_serving,
+    post_json,
+    request,
+)
 from sklearn.datasets import load_digits
+from tritonclient.utils import InferenceServerException
 
 INFER: Final = "/v2/models/add_sub/infer"
 JSON_HEADERS: Final = {"Content-Type": "application/json"}
@@ -226,16 +236,11 @@ def _identity(
 
 # FP16 and BF16 cannot travel as JSON; test_http_errors checks that they are refused there.
 BINARY_ONLY = {"FP16", "BF16"}
-BF16_XFAIL = pytest.mark.xfail(
-    reason="onnxruntime's Python API takes no bfloat16 numpy arrays, so a BF16 tensor cannot reach the session",
-    strict=False,
-)
 ROUNDTRIPS = [
     pytest.param(
         dtype,
         binary,
         id=f"{dtype}-{'binary' if binary else 'json'}",
-        marks=[BF16_XFAIL] if dtype == "BF16" else [],
     )
     for dtype in ALL_DTYPES
     for binary in (True, False)
@@ -286,16 +291,15 @@ def test_bytes_binary_wire_format(server: Server) -> None:
     assert tail == blob
 
 
-@pytest.mark.xfail(
-    reason="onnxruntime's Python API decodes string tensors as UTF-8, so arbitrary bytes cannot reach an ONNX"
-    " model; Triton's onnxruntime backend passes them through",
-    strict=False,
-)
-def test_bytes_that_are_not_utf8(client: httpclient.InferenceServerClient) -> None:
+def test_bytes_that_are_not_utf8_are_refused_for_onnx_models(client: httpclient.InferenceServerClient) -> None:
+    # onnxruntime's Python API takes string tensors as str, so bytes that are not UTF-8 cannot reach an ONNX model
+    # unchanged; edged refuses them with a clear reason instead of altering them (Triton's C++ backend passes them).
     data = np.array([[b"\xff\xfe\x00binary", b"ok"]], dtype=np.object_)
-    out, output = _identity(client, "identity_bytes", "BYTES", data, True)
-    assert output["shape"] == [1, 2]
-    assert out.tolist() == data.tolist()
+    with pytest.raises(InferenceServerException) as caught:
+        _identity(client, "identity_bytes", "BYTES", data, True)
+    assert caught.value.status() == "400"
+    assert "input 'INPUT0' holds bytes that are not UTF-8" in str(caught.value.message())
+    assert_still_serving(client)
 
 
 def test_bytes_json_output_keeps_non_ascii(server: Server) -> None:

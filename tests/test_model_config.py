@@ -238,9 +238,7 @@ def test_json_matches_what_tritonclient_decodes() -> None:
 
 
 def test_from_json_accepts_int64_as_numbers_or_strings() -> None:
-    config = model_config_from_json(
-        '{"name":"m","input":[{"name":"x","data_type":"TYPE_INT64","dims":[-1,"3"]}]}'
-    )
+    config = model_config_from_json('{"name":"m","input":[{"name":"x","data_type":"TYPE_INT64","dims":[-1,"3"]}]}')
 
     assert list(config.input[0].dims) == [-1, 3]
     assert config.input[0].data_type == model_config_pb2.TYPE_INT64

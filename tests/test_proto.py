@@ -66,9 +66,7 @@ def _diff_message(ours: Any, theirs: Any, diffs: list[str]) -> None:
     if our_oneofs != their_oneofs:
         diffs.append(f"{where}: oneofs {our_oneofs} != {their_oneofs}")
 
-    _diff_children(
-        ours.enum_types_by_name, theirs.enum_types_by_name, _diff_enum, diffs, where=where, kind="enum"
-    )
+    _diff_children(ours.enum_types_by_name, theirs.enum_types_by_name, _diff_enum, diffs, where=where, kind="enum")
     _diff_children(
         ours.nested_types_by_name,
         theirs.nested_types_by_name,
@@ -122,9 +120,7 @@ def _diff_file(ours: Any, theirs: Any) -> list[str]:
     their_deps = sorted(dep.name for dep in theirs.dependencies)
     if our_deps != their_deps:
         diffs.append(f"{where}: imports {our_deps} != {their_deps}")
-    _diff_children(
-        ours.enum_types_by_name, theirs.enum_types_by_name, _diff_enum, diffs, where=where, kind="enum"
-    )
+    _diff_children(ours.enum_types_by_name, theirs.enum_types_by_name, _diff_enum, diffs, where=where, kind="enum")
     _diff_children(
         ours.message_types_by_name,
         theirs.message_types_by_name,
@@ -133,9 +129,7 @@ def _diff_file(ours: Any, theirs: Any) -> list[str]:
         where=where,
         kind="message",
     )
-    _diff_children(
-        ours.services_by_name, theirs.services_by_name, _diff_service, diffs, where=where, kind="service"
-    )
+    _diff_children(ours.services_by_name, theirs.services_by_name, _diff_service, diffs, where=where, kind="service")
     return diffs
 
 

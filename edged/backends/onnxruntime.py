@@ -6,7 +6,9 @@ scheduler's worker threads while the event loop keeps serving.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import math
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -147,6 +149,8 @@ class OnnxRuntimeInstance:
         self._reshape_in = {i.name: tuple(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self._reshape_out = {o.name: tuple(o.reshape.shape) for o in config.output if o.HasField("reshape")}
         self._dims_out = {o.name: tuple(o.dims) for o in config.output}
+        bf16 = CONFIG_BY_WIRE_NAME["BF16"]
+        self._bf16 = {t.name for t in [*config.input, *config.output] if t.data_type == bf16}
 
     @property
     def name(self) -> str:
@@ -166,7 +170,7 @@ class OnnxRuntimeInstance:
     def _execute_one(self, request: InferRequest) -> InferResponse:
         feeds = {t.name: self._feed(t.name, t.data, request.batch_size) for t in request.inputs}
         names = self._output_names([request])
-        results = self._session.run(names, feeds)
+        results = self._run(names, feeds)
         outputs = [self._output(name, array, request.batch_size) for name, array in zip(names, results, strict=True)]
         return InferResponse(request.model_name, str(request.model_version), request.id, outputs)
 
@@ -179,7 +183,7 @@ class OnnxRuntimeInstance:
             for i, tensor in enumerate(requests[0].inputs)
         }
         names = self._output_names(requests)
-        results = self._session.run(names, feeds)
+        results = self._run(names, feeds)
         responses: list[InferResponse | EdgedError] = []
         start = 0
         for request in requests:
@@ -191,6 +195,23 @@ class OnnxRuntimeInstance:
             responses.append(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
             start = end
         return responses
+
+    def _run(self, names: list[str], feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
+        if not self._bf16:
+            return list(self._session.run(names, feeds))
+        # numpy has no bfloat16: BF16 tensors travel as their uint16 bits and cross into onnxruntime as OrtValues
+        # typed BFLOAT16, which plain ``run`` cannot take or return.
+        values = {
+            name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(array), _ONNX_BFLOAT16)
+            if name in self._bf16
+            else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+            for name, array in feeds.items()
+        }
+        results = self._session.run_with_ort_values(names, values)
+        return [
+            _bf16_bits(value) if name in self._bf16 else value.numpy()
+            for name, value in zip(names, results, strict=True)
+        ]
 
     def _output_names(self, requests: Sequence[InferRequest]) -> list[str]:
         wanted: list[str] = []
@@ -218,6 +239,20 @@ class OnnxRuntimeInstance:
         if name in self._reshape_out:
             array = array.reshape(((batch_size,) if self._batching else ()) + self._dims_out[name])
         return InferOutput(name, datatype, tuple(array.shape), array)
+
+
+# onnx.TensorProto.BFLOAT16
+_ONNX_BFLOAT16 = 16
+
+
+def _bf16_bits(value: ort.OrtValue) -> np.ndarray[Any, Any]:
+    """A BF16 OrtValue's elements as uint16 bits (copied: the OrtValue owns its buffer)."""
+    shape = tuple(value.shape())
+    count = math.prod(shape)
+    if count == 0:
+        return np.empty(shape, dtype=np.uint16)
+    buffer = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+    return np.frombuffer(buffer, dtype=np.uint16).copy().reshape(shape)
 
 
 def _utf8_strings(name: str, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
