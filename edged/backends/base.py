@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from edged.core.inference import InferRequest, InferResponse
+    from edged.core.stats import ExecutionTiming
     from edged.errors import EdgedError
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -36,8 +37,8 @@ class BackendInstance(Protocol):
     @property
     def name(self) -> str: ...
 
-    def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse | EdgedError]:
-        """One response (or error) per request, in the same order."""
+    def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
+        """One response (or error) per request, in the same order; fills ``timing`` for the statistics."""
         ...
 
 

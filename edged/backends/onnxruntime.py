@@ -10,6 +10,7 @@ import ctypes
 import logging
 import math
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from edged.errors import EdgedError, ErrorCode
 if TYPE_CHECKING:
     from edged.backends.base import LoadContext
     from edged.core.inference import InferRequest
+    from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 log = logging.getLogger(__name__)
@@ -156,44 +158,45 @@ class OnnxRuntimeInstance:
     def name(self) -> str:
         return self._name
 
-    def execute(self, requests: Sequence[InferRequest]) -> list[InferResponse | EdgedError]:
+    def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
         try:
-            if len(requests) == 1:
-                return [self._execute_one(requests[0])]
-            return self._execute_batch(requests)
+            return self._execute(requests, timing)
         except EdgedError as exc:
             return [exc] * len(requests)
         except Exception as exc:  # ONNX Runtime raises its own exception types for run-time failures
             error = EdgedError(ErrorCode.INTERNAL, f"onnx runtime error: {_first_line(exc)}")
             return [error] * len(requests)
 
-    def _execute_one(self, request: InferRequest) -> InferResponse:
-        feeds = {t.name: self._feed(t.name, t.data, request.batch_size) for t in request.inputs}
-        names = self._output_names([request])
-        results = self._run(names, feeds)
-        outputs = [self._output(name, array, request.batch_size) for name, array in zip(names, results, strict=True)]
-        return InferResponse(request.model_name, str(request.model_version), request.id, outputs)
-
-    def _execute_batch(self, requests: Sequence[InferRequest]) -> list[InferResponse | EdgedError]:
-        # Requests of one batch have the same inputs and non-batch shapes (the batcher guarantees it), so their
-        # tensors concatenate along the batch dimension; this copy is the price of one run for many requests.
-        total = sum(r.batch_size for r in requests)
-        feeds = {
-            tensor.name: self._feed(tensor.name, np.concatenate([r.inputs[i].data for r in requests]), total)
-            for i, tensor in enumerate(requests[0].inputs)
-        }
+    def _execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
+        started = time.perf_counter_ns()
+        if len(requests) == 1:
+            request = requests[0]
+            total = request.batch_size
+            feeds = {t.name: self._feed(t.name, t.data, total) for t in request.inputs}
+        else:
+            # Requests of one batch have the same inputs and non-batch shapes (the batcher guarantees it), so their
+            # tensors concatenate along the batch dimension; this copy is the price of one run for many requests.
+            total = sum(r.batch_size for r in requests)
+            feeds = {
+                tensor.name: self._feed(tensor.name, np.concatenate([r.inputs[i].data for r in requests]), total)
+                for i, tensor in enumerate(requests[0].inputs)
+            }
         names = self._output_names(requests)
+        fed = time.perf_counter_ns()
         results = self._run(names, feeds)
+        ran = time.perf_counter_ns()
         responses: list[InferResponse | EdgedError] = []
         start = 0
         for request in requests:
             end = start + request.batch_size
+            # A single request takes the arrays whole (no slicing, so batch-less models work too).
             outputs = [
-                self._output(name, array[start:end], request.batch_size)
+                self._output(name, array if len(requests) == 1 else array[start:end], request.batch_size)
                 for name, array in zip(names, results, strict=True)
             ]
             responses.append(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
             start = end
+        timing.input_ns, timing.infer_ns, timing.output_ns = fed - started, ran - fed, time.perf_counter_ns() - ran
         return responses
 
     def _run(self, names: list[str], feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:

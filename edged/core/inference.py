@@ -49,6 +49,8 @@ class InferRequest:
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
     # Set by validation: the leading batch dimension, or 1 for models without batching (max_batch_size 0).
     batch_size: int = 1
+    # time.monotonic_ns() when the core accepted the request; statistics measure from here.
+    arrival_ns: int = 0
 
 
 @dataclass(slots=True)

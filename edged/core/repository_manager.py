@@ -29,6 +29,7 @@ from edged.core.repository import (
     version_numbers,
 )
 from edged.core.scheduler import DirectScheduler
+from edged.core.stats import ModelStatistics
 from edged.core.validation import ModelSignature
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
@@ -63,6 +64,7 @@ class ModelVersion:
     labels: dict[str, list[str]] = field(default_factory=dict)
     scheduler: Scheduler | None = None
     backend_model: BackendModel | None = None
+    stats: ModelStatistics | None = None
 
 
 @dataclass(slots=True)
@@ -126,7 +128,8 @@ class ModelRepositoryManager:
             self._models[entry.source.name] = loaded
             for version in loaded.versions.values():
                 if version.backend_model is not None:
-                    version.scheduler = DirectScheduler(version.backend_model.instances, self._executor)
+                    version.stats = ModelStatistics(version.name, version.version)
+                    version.scheduler = DirectScheduler(version.backend_model.instances, self._executor, version.stats)
 
     def _load(self, source: ModelSource) -> ModelEntry:
         """Blocking: read, complete and check the config, then load each selected version."""
@@ -270,6 +273,31 @@ class ModelRepositoryManager:
         except EdgedError:
             return False
         return True
+
+    def statistics(self, name: str, version: int) -> list[ModelStatistics]:
+        """Statistics of the READY versions: of every model when ``name`` is empty, of every version of the model
+        when ``version`` is -1. Unknown names and versions are refused with Triton's messages."""
+        if not name:
+            return [
+                v.stats
+                for n in sorted(self._models)
+                for _, v in sorted(self._models[n].versions.items())
+                if v.stats is not None and v.state is ModelState.READY
+            ]
+        entry = self._models.get(name)
+        ready = (
+            {n: v for n, v in entry.versions.items() if v.stats is not None and v.state is ModelState.READY}
+            if entry is not None
+            else {}
+        )
+        if not ready:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"requested model '{name}' is not available")
+        if version < 0:
+            return [v.stats for _, v in sorted(ready.items()) if v.stats is not None]
+        found = ready.get(version)
+        if found is None or found.stats is None:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"requested model version is not available for model '{name}'")
+        return [found.stats]
 
     def ready_versions(self, name: str) -> list[int]:
         entry = self._models.get(name)

@@ -16,13 +16,16 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
+from edged.core.stats import ExecutionTiming
+from edged.errors import EdgedError
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from concurrent.futures import Executor
 
     from edged.backends.base import BackendInstance
     from edged.core.inference import InferRequest, InferResponse
-    from edged.errors import EdgedError
+    from edged.core.stats import ModelStatistics
 
 # Executions shorter than this (moving average) stay on the event loop.
 INLINE_BUDGET_NS = 150_000
@@ -41,10 +44,11 @@ class Scheduler(Protocol):
 class DirectScheduler:
     """One request per execution, on whichever instance is free."""
 
-    def __init__(self, instances: Sequence[BackendInstance], executor: Executor) -> None:
+    def __init__(self, instances: Sequence[BackendInstance], executor: Executor, stats: ModelStatistics) -> None:
         self._free: deque[BackendInstance] = deque(instances)
         self._waiters: deque[asyncio.Future[BackendInstance]] = deque()
         self._executor = executor
+        self._stats = stats
         # Start on the pool: a first execution may be a large model, and the estimate is cheap to correct.
         self._average_ns = float(INLINE_BUDGET_NS * 10)
         self._in_flight = 0
@@ -54,23 +58,32 @@ class DirectScheduler:
     async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError:
         # Newest-released first: the instance that just ran has its weights and threads warm.
         instance = self._free.pop() if self._free else await self._wait_for_instance()
+        queued_ns = time.monotonic_ns() - request.arrival_ns
         self._in_flight += 1
         self._idle.clear()
+        timing = ExecutionTiming()
         try:
             if self._average_ns < INLINE_BUDGET_NS:
                 start = time.perf_counter_ns()
-                result = instance.execute((request,))[0]
+                result = instance.execute((request,), timing)[0]
                 self._observe(time.perf_counter_ns() - start)
-                return result
-            loop = asyncio.get_running_loop()
-            results, elapsed = await loop.run_in_executor(self._executor, _timed_execute, instance, request)
-            self._observe(elapsed)
-            return results[0]
+            else:
+                loop = asyncio.get_running_loop()
+                results, elapsed = await loop.run_in_executor(self._executor, _timed_execute, instance, request, timing)
+                self._observe(elapsed)
+                result = results[0]
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
             self._release(instance)
+        self._stats.record_execution(request.batch_size, timing)
+        request_ns = time.monotonic_ns() - request.arrival_ns
+        if isinstance(result, EdgedError):
+            self._stats.record_failure(request_ns)
+        else:
+            self._stats.record_success(request.batch_size, request_ns, queued_ns, timing)
+        return result
 
     async def drain(self) -> None:
         await self._idle.wait()
@@ -98,7 +111,9 @@ class DirectScheduler:
         self._free.append(instance)
 
 
-def _timed_execute(instance: BackendInstance, request: InferRequest) -> tuple[list[InferResponse | EdgedError], int]:
+def _timed_execute(
+    instance: BackendInstance, request: InferRequest, timing: ExecutionTiming
+) -> tuple[list[InferResponse | EdgedError], int]:
     start = time.perf_counter_ns()
-    results = instance.execute((request,))
+    results = instance.execute((request,), timing)
     return results, time.perf_counter_ns() - start

@@ -6,6 +6,7 @@ reports failures as EdgedError with Triton's codes for each frontend to map.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from edged.core.repository_manager import IndexEntry, ModelRepositoryManager, ModelVersion
+    from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig
 
 # What this server implements of Triton's protocol extensions, as GET /v2 reports it.
@@ -27,6 +29,7 @@ EXTENSIONS: tuple[str, ...] = (
     "model_configuration",
     "binary_tensor_data",
     "parameters",
+    "statistics",
 )
 
 
@@ -96,6 +99,9 @@ class InferenceService:
     def model_config(self, name: str, version: int) -> ModelConfig:
         return _config_of(self._manager.get_ready(name, version))
 
+    def statistics(self, name: str, version: int) -> list[ModelStatistics]:
+        return self._manager.statistics(name, version)
+
     def repository_index(self, ready_only: bool) -> list[IndexEntry]:
         return self._manager.index(ready_only)
 
@@ -123,6 +129,7 @@ class InferenceService:
             )
         validate_request(signature, request)
         request.model_version = model.version
+        request.arrival_ns = time.monotonic_ns()
         result = await scheduler.enqueue(request)
         if isinstance(result, EdgedError):
             raise result

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from litestar.types import Receive, Scope, Send
 
     from edged.core.service import InferenceService
+    from edged.core.stats import Duration, ModelStatistics
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,50 @@ def model_metadata(request: Request[Any, Any, Any], model: str, version: str | N
 def model_config(request: Request[Any, Any, Any], model: str, version: str | None = None) -> Response[bytes]:
     config = _service(request).model_config(model, _version(version))
     return Response(model_config_to_json(config), status_code=200, media_type=MediaType.JSON)
+
+
+@get(
+    ["/v2/models/stats", "/v2/models/{model:str}/stats", "/v2/models/{model:str}/versions/{version:str}/stats"],
+    sync_to_thread=False,
+)
+def model_statistics(request: Request[Any, Any, Any], model: str = "", version: str | None = None) -> Response[bytes]:
+    stats = _service(request).statistics(model, _version(version))
+    return _json({"model_stats": [_statistics_json(s) for s in stats]})
+
+
+def _duration(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def _statistics_json(s: ModelStatistics) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "version": str(s.version),
+        "last_inference": s.last_inference,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": _duration(s.success),
+            "fail": _duration(s.fail),
+            "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input),
+            "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output),
+            "cache_hit": _duration(s.cache_hit),
+            "cache_miss": _duration(s.cache_miss),
+        },
+        "response_stats": {},
+        "batch_stats": [
+            {
+                "batch_size": b.batch_size,
+                "compute_input": _duration(b.compute_input),
+                "compute_infer": _duration(b.compute_infer),
+                "compute_output": _duration(b.compute_output),
+            }
+            for _, b in sorted(s.batch_stats.items())
+        ],
+        "memory_usage": [],
+    }
 
 
 @post("/v2/repository/index", status_code=200)
@@ -363,6 +408,7 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
             model_ready,
             model_metadata,
             model_config,
+            model_statistics,
             repository_index,
             repository_load_unload,
             named_repository,

@@ -1,0 +1,83 @@
+"""Per model-version statistics, as Triton's statistics extension reports them.
+
+This is the one record of what each model did: the statistics endpoints (HTTP and gRPC) read it, and the
+Prometheus metrics will be derived from it, so the two can never disagree.
+
+Semantics (Triton's): ``success``/``fail`` count requests and their end-to-end nanoseconds; ``queue`` and the
+three ``compute_*`` durations are per successful request; ``inference_count`` counts batch items;
+``execution_count`` counts model executions; ``batch_stats`` is per execution, keyed by its batch size. Requests
+refused by validation are not counted, as in Triton. Written and read on the event loop only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+
+@dataclass(slots=True)
+class BatchStatistics:
+    batch_size: int
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ExecutionTiming:
+    """What a backend reports of one execution: nanoseconds to prepare inputs, run the model, and take outputs."""
+
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+@dataclass(slots=True)
+class ModelStatistics:
+    name: str
+    version: int
+    # Milliseconds since the epoch of the last request's completion; 0 before the first.
+    last_inference: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    batch_stats: dict[int, BatchStatistics] = field(default_factory=dict)
+
+    def record_execution(self, batch_size: int, timing: ExecutionTiming) -> None:
+        self.execution_count += 1
+        stats = self.batch_stats.get(batch_size)
+        if stats is None:
+            stats = self.batch_stats[batch_size] = BatchStatistics(batch_size)
+        stats.compute_input.add(timing.input_ns)
+        stats.compute_infer.add(timing.infer_ns)
+        stats.compute_output.add(timing.output_ns)
+
+    def record_success(self, batch_size: int, request_ns: int, queue_ns: int, timing: ExecutionTiming) -> None:
+        self.inference_count += batch_size
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(timing.input_ns)
+        self.compute_infer.add(timing.infer_ns)
+        self.compute_output.add(timing.output_ns)
+        self.last_inference = time.time_ns() // 1_000_000
+
+    def record_failure(self, request_ns: int) -> None:
+        self.fail.add(request_ns)
+        self.last_inference = time.time_ns() // 1_000_000
