@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from edged import __version__
 from edged.core.classification import classify
 from edged.core.inference import InferInput, InferOutput, InferRequest, InferResponse
+from edged.core.shared_memory import SharedMemoryManager
+from edged.core.tensors import array_to_binary
 from edged.core.validation import raw_binary_input, validate_request
 from edged.errors import EdgedError, ErrorCode
 
@@ -27,6 +29,8 @@ EXTENSIONS: tuple[str, ...] = (
     "model_repository",
     "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -57,8 +61,17 @@ class ModelMetadata:
 
 
 class InferenceService:
-    def __init__(self, manager: ModelRepositoryManager, *, server_id: str, strict_readiness: bool) -> None:
+    def __init__(
+        self,
+        manager: ModelRepositoryManager,
+        *,
+        server_id: str,
+        strict_readiness: bool,
+        shared_memory: SharedMemoryManager | None = None,
+    ) -> None:
         self._manager = manager
+        # The shared-memory extension's regions; frontends call its register/unregister/status directly.
+        self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)
         self._metadata = ServerMetadata(server_id, __version__, EXTENSIONS)
         self._strict_readiness = strict_readiness
         # Live from construction; ready once the daemon finished its start-up loads (set by the daemon).
@@ -127,15 +140,24 @@ class InferenceService:
                 ErrorCode.UNAVAILABLE,
                 f"Request for unknown model: '{model.name}' version {model.version} is not at ready state",
             )
-        validate_request(signature, request)
-        request.model_version = model.version
-        request.arrival_ns = time.monotonic_ns()
-        result = await scheduler.enqueue(request)
-        if isinstance(result, EdgedError):
-            raise result
-        if request.outputs is not None:
-            self._select_outputs(model, request, result)
-        return result
+        held = self.shared_memory.bind_inputs(request)
+        try:
+            validate_request(signature, request)
+            request.model_version = model.version
+            request.arrival_ns = time.monotonic_ns()
+            result = await scheduler.enqueue(request)
+            if isinstance(result, EdgedError):
+                raise result
+            if request.outputs is not None:
+                self._select_outputs(model, request, result)
+                if held:
+                    self.shared_memory.write_outputs(
+                        request, result.outputs, lambda o: array_to_binary(o.data, o.datatype)
+                    )
+            return result
+        finally:
+            if held:
+                self.shared_memory.release(held)
 
     def _select_outputs(self, model: ModelVersion, request: InferRequest, response: InferResponse) -> None:
         """Keep the requested outputs in the requested order, applying classification where asked."""

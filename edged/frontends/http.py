@@ -186,6 +186,65 @@ def _statistics_json(s: ModelStatistics) -> dict[str, Any]:
     }
 
 
+# --- shared memory ----------------------------------------------------------------------------------------
+
+
+@get(["/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/{region:str}/status"], sync_to_thread=False)
+def system_shm_status(request: Request[Any, Any, Any], region: str = "") -> Response[bytes]:
+    regions = _service(request).shared_memory.system_status(region)
+    return _json([{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions])
+
+
+@post("/v2/systemsharedmemory/region/{region:str}/register", status_code=200)
+async def system_shm_register(request: Request[Any, Any, Any], region: str) -> Response[bytes]:
+    body = decode_json(await request.body())
+    if not isinstance(body, dict):
+        raise EdgedError(
+            ErrorCode.INTERNAL, "Unable to parse 'key': attempt to access non-existing object member 'key'"
+        )
+    key = _json_member(body, "key", str, "non-string as string")
+    offset = _json_member(body, "offset", int, "non-unsigned-integer as unsigned-integer")
+    byte_size = _json_member(body, "byte_size", int, "non-unsigned-integer as unsigned-integer")
+    _service(request).shared_memory.register_system(region, key, offset, byte_size)
+    return Response(b"", status_code=200)
+
+
+@post(["/v2/systemsharedmemory/unregister", "/v2/systemsharedmemory/region/{region:str}/unregister"], status_code=200)
+async def system_shm_unregister(request: Request[Any, Any, Any], region: str = "") -> Response[bytes]:
+    _service(request).shared_memory.unregister_system(region)
+    return Response(b"", status_code=200)
+
+
+@get(["/v2/cudasharedmemory/status", "/v2/cudasharedmemory/region/{region:str}/status"], sync_to_thread=False)
+def cuda_shm_status(request: Request[Any, Any, Any], region: str = "") -> Response[bytes]:
+    return _json(_service(request).shared_memory.cuda_status(region))
+
+
+@post("/v2/cudasharedmemory/region/{region:str}/register", status_code=200)
+async def cuda_shm_register(request: Request[Any, Any, Any], region: str) -> Response[bytes]:
+    _service(request).shared_memory.register_cuda(region)
+    return Response(b"", status_code=200)
+
+
+@post(["/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/{region:str}/unregister"], status_code=200)
+async def cuda_shm_unregister(request: Request[Any, Any, Any], region: str = "") -> Response[bytes]:
+    _service(request).shared_memory.unregister_cuda(region)
+    return Response(b"", status_code=200)
+
+
+def _json_member(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    # Triton reports malformed JSON members with its INTERNAL code (HTTP 500) and this wording.
+    if key not in body:
+        raise EdgedError(
+            ErrorCode.INTERNAL, f"Unable to parse '{key}': attempt to access non-existing object member '{key}'"
+        )
+    value = body[key]
+    negative = isinstance(value, int) and value < 0
+    if not isinstance(value, kind) or isinstance(value, bool) or negative:
+        raise EdgedError(ErrorCode.INTERNAL, f"Unable to parse '{key}': attempt to access JSON {what}")
+    return value
+
+
 @post("/v2/repository/index", status_code=200)
 async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
     body = await request.body()
@@ -410,6 +469,12 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
             model_config,
             model_statistics,
             repository_index,
+            system_shm_status,
+            system_shm_register,
+            system_shm_unregister,
+            cuda_shm_status,
+            cuda_shm_register,
+            cuda_shm_unregister,
             repository_load_unload,
             named_repository,
         ],

@@ -14,7 +14,7 @@ import msgspec
 
 from edged.core.inference import InferInput, InferRequest, InferResponse, ParameterValue, RequestedOutput
 from edged.core.tensors import array_from_json, array_to_binary, array_to_json
-from edged.errors import EdgedError, ErrorCode, invalid_arg, unsupported
+from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -175,9 +175,17 @@ def _decode_input(model: str, raw: dict[str, Any], body: memoryview, offset: int
             "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
             f"'shared_memory_region' in 'parameters'. But{detail}"
         )
-    if sources[0] == "shared_memory_region":
-        raise unsupported("shared memory support is disabled: start edged with --allow-client-shm to use it")
     kept = {k: v for k, v in params.items() if k != "binary_data_size" and isinstance(v, (bool, int, float, str))}
+    if sources[0] == "shared_memory_region":
+        # The core reads the tensor from the registered region (edged.core.shared_memory).
+        _member(params, "shared_memory_region", str, "non-string as string")
+        if _unsigned(params, "shared_memory_byte_size") is None:
+            raise _internal(
+                "Unable to parse 'shared_memory_byte_size': attempt to access non-existing object member "
+                "'shared_memory_byte_size'"
+            )
+        _unsigned(params, "shared_memory_offset")
+        return InferInput(name, datatype, shape, None, None, kept), offset
     if sources[0] == "data":
         return InferInput(
             name, datatype, shape, array_from_json(name, datatype, shape, raw["data"]), None, kept
@@ -206,7 +214,9 @@ def _decode_output(raw: Any) -> RequestedOutput:
             raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
         if binary:
             raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
-        raise unsupported("shared memory support is disabled: start edged with --allow-client-shm to use it")
+        _member(params, "shared_memory_region", str, "non-string as string")
+        _unsigned(params, "shared_memory_byte_size")
+        _unsigned(params, "shared_memory_offset")
     kept = {k: v for k, v in params.items() if isinstance(v, (bool, int, float, str))}
     return RequestedOutput(name, classification, kept)
 
@@ -230,7 +240,10 @@ def encode_infer_response(
             "datatype": output.datatype,
             "shape": list(output.shape),
         }
-        if wants_binary.get(output.name, binary_default):
+        if output.parameters:
+            # Written to shared memory by the core: the reply only says where.
+            entry["parameters"] = output.parameters
+        elif wants_binary.get(output.name, binary_default):
             blob = array_to_binary(output.data, output.datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             if len(blob):
