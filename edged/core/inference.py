@@ -59,8 +59,8 @@ class InferOutput:
     datatype: str
     shape: tuple[int, ...]
     data: np.ndarray[Any, Any]
-    # Set when the output was written to a shared memory region: the frontends then send no data for it.
-    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    # Written into the client's shared memory region: the frontends then send no data for it.
+    in_shared_memory: bool = False
 
 
 @dataclass(slots=True)

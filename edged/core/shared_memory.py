@@ -79,8 +79,11 @@ class SharedMemoryManager:
             raise _invalid("shared memory region name must not be empty")
         if name in self._regions:
             raise EdgedError(ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-        if not (0 <= offset <= _MAX_SIZE and 0 <= byte_size <= _MAX_SIZE):
-            raise _invalid(f"invalid offset or byte size for shared memory region '{name}'")
+        if not (0 <= offset <= _MAX_SIZE and 0 < byte_size <= _MAX_SIZE):
+            raise _invalid(
+                f"failed to register shared memory region '{name}': invalid args (offset {offset}, byte size "
+                f"{byte_size})"
+            )
         path = _key_path(key)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -90,11 +93,9 @@ class SharedMemoryManager:
             size = os.fstat(fd).st_size
             if offset + byte_size > size:
                 raise _invalid(
-                    f"shared memory region '{name}' asks for {byte_size} bytes at offset {offset}, but the shared "
-                    f"memory object '{key}' holds {size} bytes"
+                    f"failed to register shared memory region '{name}': invalid args (offset {offset} + byte size "
+                    f"{byte_size} is past the {size} bytes of '{key}')"
                 )
-            if byte_size == 0:
-                raise _invalid(f"shared memory region '{name}' must have a byte size above 0")
             mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
@@ -104,19 +105,27 @@ class SharedMemoryManager:
         """Unregister one region, or every region when ``name`` is empty; unknown names are not an error."""
         if not self.allowed:
             raise _disabled()
-        names = [name] if name else list(self._regions)
-        for each in names:
-            region = self._regions.get(each)
-            if region is None:
-                continue
-            if region.users:
+        if name:
+            region = self._regions.get(name)
+            if region is not None and region.users:
                 raise EdgedError(
-                    ErrorCode.UNAVAILABLE,
-                    f"Cannot unregister shared memory region '{each}', it is currently in use by "
-                    f"{region.users} request(s)",
+                    ErrorCode.INTERNAL, f"Cannot unregister shared memory region '{name}', it is currently in use."
                 )
-            del self._regions[each]
+            if region is not None:
+                del self._regions[name]
+                region.close()
+            return
+        # All: the idle regions go, the busy ones stay and are named.
+        busy = [r.name for r in self._regions.values() if r.users]
+        for region in [r for r in self._regions.values() if not r.users]:
+            del self._regions[region.name]
             region.close()
+        if busy:
+            raise EdgedError(
+                ErrorCode.INTERNAL,
+                "Failed to unregister the following system shared memory regions: "
+                + "".join(f"{n} ," for n in sorted(busy)),
+            )
 
     def system_status(self, name: str) -> list[SystemRegionStatus]:
         if name:
@@ -187,14 +196,12 @@ class SharedMemoryManager:
             data = memoryview(encode(output)).cast("B")
             if len(data) > size:
                 raise EdgedError(
-                    ErrorCode.INVALID_ARG,
+                    ErrorCode.INTERNAL,
                     f"shared memory size specified with the request for output '{output.name}' ({size} bytes) "
                     f"should be at least {len(data)} bytes to hold the results",
                 )
             region.mapping[start : start + len(data)] = data
-            output.parameters = {REGION: str(params[REGION]), BYTE_SIZE: len(data)}
-            if int(params.get(OFFSET, 0)):
-                output.parameters[OFFSET] = int(params[OFFSET])
+            output.in_shared_memory = True
 
     def release(self, held: list[_Region]) -> None:
         for region in held:
@@ -214,8 +221,10 @@ class SharedMemoryManager:
             raise _invalid(f"'{OFFSET}' of {kind} '{tensor}' must be an integer")
         region = self._regions.get(name)
         if region is None:
-            raise _invalid(f"Unable to find shared memory region: '{name}'")
-        if offset < 0 or size < 0 or offset + size > region.byte_size:
+            raise EdgedError(ErrorCode.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
+        if offset < 0 or offset >= region.byte_size:
+            raise _invalid(f"Invalid offset for shared memory region: '{name}'")
+        if size < 0 or offset + size > region.byte_size:
             raise _invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region, region.offset + offset, size
 

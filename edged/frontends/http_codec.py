@@ -240,9 +240,8 @@ def encode_infer_response(
             "datatype": output.datatype,
             "shape": list(output.shape),
         }
-        if output.parameters:
-            # Written to shared memory by the core: the reply only says where.
-            entry["parameters"] = output.parameters
+        if output.in_shared_memory:
+            pass  # the client reads it from its region; the reply only names it
         elif wants_binary.get(output.name, binary_default):
             blob = array_to_binary(output.data, output.datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
