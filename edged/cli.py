@@ -43,6 +43,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def _message_size(text: str) -> int:
+    # gRPC keeps message sizes in a signed 32-bit int.
+    value = _positive(text)
+    if value > 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"a gRPC message size is at most 2147483647 bytes, got '{text}'")
+    return value
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
     # `--flag` alone means true, `--flag=false` turns it off, as Triton's flags read.
     parser.add_argument(
@@ -61,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="serve model repositories over HTTP (KServe v2)")
+    serve = commands.add_parser("serve", help="serve model repositories over HTTP and gRPC (KServe v2)")
     serve.add_argument(
         "--model-repository",
         "--model-store",
@@ -82,8 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest request body accepted",
     )
-    serve.add_argument("--grpc-address", default="0.0.0.0")
-    serve.add_argument("--grpc-port", type=_port, default=8001, help="reserved for the gRPC endpoint")
+    _bool_flag(serve, "--allow-grpc", True, "serve KServe v2 over gRPC")
+    serve.add_argument("--grpc-address", default="0.0.0.0", help="address the gRPC endpoint binds")
+    serve.add_argument("--grpc-port", type=_port, default=8001)
+    serve.add_argument(
+        "--grpc-max-message-size",
+        type=_message_size,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="largest gRPC message received or sent, a safety limit (Triton allows 2147483647)",
+    )
+    _bool_flag(
+        serve,
+        "--allow-client-shm",
+        False,
+        "let clients register system shared memory regions for tensors (the shared memory extension)",
+    )
     _bool_flag(serve, "--allow-metrics", True, "serve Prometheus metrics")
     serve.add_argument("--metrics-address", default=None, help="defaults to the HTTP address")
     serve.add_argument("--metrics-port", type=_port, default=8002)

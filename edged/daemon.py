@@ -1,7 +1,7 @@
 """The daemon's life cycle: build the parts, start them in order, serve, stop them in reverse.
 
-One process, one event loop: the HTTP server and the metrics server share it; model executions that are too
-long for the loop go to the worker pool (see edged.core.scheduler).
+One process, one event loop: the HTTP, gRPC and metrics servers share it; model executions that are too long
+for the loop go to the worker pool (see edged.core.scheduler).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,8 @@ import uvicorn
 from edged import __version__
 from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
 from edged.core.service import InferenceService
+from edged.core.shared_memory import SharedMemoryManager
+from edged.frontends.grpc import GrpcOptions, GrpcServer
 from edged.frontends.http import HttpOptions, create_http_app
 from edged.metrics import create_metrics_app
 
@@ -44,6 +46,8 @@ def _configure_logging(verbose: int) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # grpc's Python layer logs each event-loop hand-over at DEBUG: noise below level 2.
+    logging.getLogger("grpc").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
 def _uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
@@ -73,7 +77,14 @@ async def serve(settings: Settings) -> int:
         ),
         executor,
     )
-    service = InferenceService(manager, server_id=settings.server_id, strict_readiness=settings.strict_readiness)
+    shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
+    service = InferenceService(
+        manager,
+        server_id=settings.server_id,
+        strict_readiness=settings.strict_readiness,
+        shared_memory=shared_memory,
+    )
+    grpc_server: GrpcServer | None = None
     servers: list[_Server] = []
     tasks: list[asyncio.Task[None]] = []
     stop = asyncio.Event()
@@ -110,6 +121,19 @@ async def serve(settings: Settings) -> int:
                 )
             )
             servers.append(metrics)
+        if settings.allow_grpc:
+            try:
+                grpc_server = GrpcServer(
+                    service,
+                    settings.grpc_address,
+                    settings.grpc_port,
+                    GrpcOptions(max_message_size=settings.grpc_max_message_size),
+                )
+            except RuntimeError as exc:
+                # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.
+                log.error("exiting: the gRPC endpoint failed to start: %s", exc)
+                return 1
+            await grpc_server.start()
         tasks.extend(asyncio.create_task(s.serve()) for s in servers)
         while not all(s.started for s in servers):
             done = [t for t in tasks if t.done()]
@@ -120,9 +144,10 @@ async def serve(settings: Settings) -> int:
             await asyncio.sleep(0.01)
         service.started = True
         log.info(
-            "edged ready: HTTP on %s:%d%s",
+            "edged ready: HTTP on %s:%d%s%s",
             settings.http_address,
             settings.http_port,
+            f", gRPC on {grpc_server.address}" if grpc_server else "",
             f", metrics on port {settings.metrics_port}" if settings.allow_metrics else "",
         )
         waiter = asyncio.create_task(stop.wait())
@@ -133,9 +158,14 @@ async def serve(settings: Settings) -> int:
         service.stopping = True
         for server in servers:
             server.should_exit = True
-        # Servers stop accepting and finish the requests they have before the models go away.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Servers stop accepting and finish the requests they have before the models go away. gRPC refuses new
+        # calls at once and gives the ones in flight a grace period; open streams answer what they read and end.
+        stopping: list[Awaitable[Any]] = list(tasks)
+        if grpc_server is not None:
+            stopping.append(grpc_server.stop())
+        await asyncio.gather(*stopping, return_exceptions=True)
         await manager.unload_all()
+        shared_memory.close()
         executor.shutdown(wait=False, cancel_futures=True)
         log.info("edged stopped")
 

@@ -14,8 +14,12 @@ class Settings:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    # A safety limit on every gRPC message, both ways: Triton allows INT32_MAX, more than a device should buffer.
+    grpc_max_message_size: int = 64 * 1024 * 1024
+    allow_client_shm: bool = False
     allow_metrics: bool = True
     metrics_address: str | None = None
     metrics_port: int = 8002
@@ -45,8 +49,11 @@ class Settings:
             http_address=args.http_address,
             http_port=args.http_port,
             http_max_input_size=args.http_max_input_size,
+            allow_grpc=args.allow_grpc,
             grpc_address=args.grpc_address,
             grpc_port=args.grpc_port,
+            grpc_max_message_size=args.grpc_max_message_size,
+            allow_client_shm=args.allow_client_shm,
             allow_metrics=args.allow_metrics,
             metrics_address=args.metrics_address,
             metrics_port=args.metrics_port,

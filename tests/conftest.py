@@ -13,6 +13,7 @@ from typing import Final
 
 import onnx
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from server import REPO_ROOT, TRACEBACK_MARKER, Server, run_server
@@ -200,3 +201,10 @@ def bundled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
     modelgen.write_identity(extra / "identity_fp32", "FP32", max_batch_size=8, dims=[-1])
     with run_server([BUNDLED_REPOSITORY, extra], "--http-max-input-size", str(SMALL_MAX_INPUT_SIZE)) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def grpc_client(server: Server) -> Iterator[grpcclient.InferenceServerClient]:
+    triton = grpcclient.InferenceServerClient(server.grpc_url)
+    yield triton
+    triton.close()

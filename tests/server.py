@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 STARTUP_TIMEOUT_S = 60.0
@@ -52,6 +53,10 @@ class Server:
     @property
     def metrics_url(self) -> str:
         return f"127.0.0.1:{self.metrics_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     def log(self) -> str:
         """Everything the daemon has written to stdout and stderr so far."""
@@ -236,5 +241,28 @@ def assert_still_serving(client: httpclient.InferenceServerClient) -> None:
     """The daemon is alive and still computes add_sub correctly after whatever the test sent it."""
     assert client.is_server_live()
     result = client.infer("add_sub", add_sub_inputs())
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), ADD_SUB_INPUT0 - ADD_SUB_INPUT1)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# gRPC
+
+
+def grpc_add_sub_inputs(
+    input0: np.ndarray[Any, Any] = ADD_SUB_INPUT0, input1: np.ndarray[Any, Any] = ADD_SUB_INPUT1
+) -> list[grpcclient.InferInput]:
+    inputs = []
+    for name, array in (("INPUT0", input0), ("INPUT1", input1)):
+        tensor = grpcclient.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def assert_grpc_still_serving(client: grpcclient.InferenceServerClient) -> None:
+    """The daemon is alive and still computes add_sub correctly over gRPC after whatever the test sent it."""
+    assert client.is_server_live()
+    result = client.infer("add_sub", grpc_add_sub_inputs())
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), ADD_SUB_INPUT0 - ADD_SUB_INPUT1)

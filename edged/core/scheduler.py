@@ -62,21 +62,28 @@ class DirectScheduler:
         self._in_flight += 1
         self._idle.clear()
         timing = ExecutionTiming()
-        try:
-            if self._average_ns < INLINE_BUDGET_NS:
+        if self._average_ns < INLINE_BUDGET_NS:
+            try:
                 start = time.perf_counter_ns()
                 result = instance.execute((request,), timing)[0]
                 self._observe(time.perf_counter_ns() - start)
-            else:
-                loop = asyncio.get_running_loop()
-                results, elapsed = await loop.run_in_executor(self._executor, _timed_execute, instance, request, timing)
-                self._observe(elapsed)
-                result = results[0]
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-            self._release(instance)
+            finally:
+                self._finish(instance)
+        else:
+            work = asyncio.get_running_loop().run_in_executor(self._executor, _timed_execute, instance, request, timing)
+            try:
+                # Shielded: a cancelled request (the client went away) must not free the instance while its
+                # thread is still executing; the instance is freed when the execution really ends.
+                results, elapsed = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                work.add_done_callback(lambda _: self._finish(instance))
+                raise
+            except BaseException:
+                self._finish(instance)
+                raise
+            self._finish(instance)
+            self._observe(elapsed)
+            result = results[0]
         self._stats.record_execution(request.batch_size, timing)
         request_ns = time.monotonic_ns() - request.arrival_ns
         if isinstance(result, EdgedError):
@@ -87,6 +94,12 @@ class DirectScheduler:
 
     async def drain(self) -> None:
         await self._idle.wait()
+
+    def _finish(self, instance: BackendInstance) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+        self._release(instance)
 
     def _observe(self, elapsed_ns: int) -> None:
         self._average_ns += (elapsed_ns - self._average_ns) * _EWMA_WEIGHT

@@ -150,10 +150,15 @@ def _from_raw(tensor: InferInput, model: str, prefix: str) -> np.ndarray[Any, An
     count = element_count(tensor.shape)
     if tensor.datatype == "BYTES":
         elements = deserialize_bytes_tensor(raw, tensor.name, count)
-        if len(elements) != count:
+        if len(elements) > count:
             raise _invalid(
                 f"{prefix}unexpected number of string elements {len(elements)} for inference input "
                 f"'{tensor.name}' for model '{model}', expecting {count}"
+            )
+        if len(elements) < count:
+            raise _invalid(
+                f"{prefix}expected {count} string elements for inference input '{tensor.name}' for model "
+                f"'{model}', got {len(elements)}"
             )
         return bytes_array(elements, tensor.shape)
     size = element_size(tensor.datatype)

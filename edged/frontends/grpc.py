@@ -1,0 +1,349 @@
+"""KServe v2 over gRPC (``inference.GRPCInferenceService`` on grpc.aio), with Triton's extensions and status codes.
+
+The server runs on the daemon's event loop beside the HTTP server and calls the same InferenceService. Every
+handler turns an EdgedError into the gRPC status Triton gives its code; the message is the core's, unchanged.
+
+Streams: each request read from a ModelStreamInfer stream runs as its own task, so many are in flight on one
+stream, while replies are written in request order by the handler itself, which awaits the tasks in the order
+they arrived. A failing request answers with ``error_message`` and the stream goes on, unless the client opened
+it with the metadata ``triton_grpc_error: true``, in which case the first error ends it with a status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import grpc
+
+from edged.errors import EdgedError, ErrorCode, unsupported
+from edged.frontends.grpc_codec import (
+    FINAL_RESPONSE,
+    decode_infer_request,
+    encode_infer_response,
+    encode_model_metadata,
+    encode_repository_index,
+    encode_statistics,
+    encode_stream_error,
+    internal_error,
+    parse_version,
+)
+from edged.proto import grpc_service_pb2 as pb
+from edged.proto import grpc_service_pb2_grpc as pb_grpc
+from edged.proto import health_pb2, health_pb2_grpc
+
+if TYPE_CHECKING:
+    from edged.core.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_CODE: Final[dict[ErrorCode, grpc.StatusCode]] = {
+    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+# Requests read ahead of the reply being written, per stream: past this the stream stops reading, and HTTP/2
+# flow control pushes back on the client instead of the server queueing without bound.
+MAX_IN_FLIGHT_PER_STREAM: Final = 256
+_GRPC_ERROR_KEY: Final = "triton_grpc_error"
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcOptions:
+    # Largest message received or sent. Triton uses INT32_MAX; a device is better served by a bound it can hold.
+    max_message_size: int = 64 * 1024 * 1024
+    # Seconds that in-flight calls get to finish once the server stops; new calls are refused at once.
+    shutdown_grace_s: float = 5.0
+
+
+def status_for(error: EdgedError) -> grpc.StatusCode:
+    return STATUS_BY_CODE.get(error.code, grpc.StatusCode.UNKNOWN)
+
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def _unary(handler: _Handler) -> _Handler:
+    """Answers an EdgedError with its status and message; any other exception is a server fault: logged, and
+    answered INTERNAL without details."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await handler(self, request, context)
+        except EdgedError as exc:
+            error = exc
+        except Exception:
+            log.exception("unhandled error in gRPC %s", handler.__name__)
+            error = internal_error()
+        await context.abort(status_for(error), error.message)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """``inference.GRPCInferenceService``: every RPC, each a translation to one InferenceService call."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self._service = service
+        # The reader task of every open stream, so that stopping can end them (see close_streams).
+        self._readers: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    def close_streams(self) -> None:
+        """Stop reading every open stream: each then answers what it has in flight and ends with OK, so a stream
+        that a client keeps open does not hold the shutdown for the whole grace period."""
+        self._closing = True
+        for reader in self._readers:
+            reader.cancel()
+
+    # --- health and metadata ----------------------------------------------------------------------------
+
+    @_unary
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=self._service.is_live())
+
+    @_unary
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self._service.is_ready())
+
+    @_unary
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        # An unknown model is not an error here: it is simply not ready, as Triton answers.
+        return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, parse_version(request.version)))
+
+    @_unary
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        meta = self._service.server_metadata()
+        return pb.ServerMetadataResponse(name=meta.name, version=meta.version, extensions=meta.extensions)
+
+    @_unary
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        return encode_model_metadata(self._service.model_metadata(request.name, parse_version(request.version)))
+
+    @_unary
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        # The core's ModelConfig is this very message type (edged.proto.model_config_pb2).
+        return pb.ModelConfigResponse(config=self._service.model_config(request.name, parse_version(request.version)))
+
+    @_unary
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        return encode_statistics(self._service.statistics(request.name, parse_version(request.version)))
+
+    # --- repository -------------------------------------------------------------------------------------
+
+    @_unary
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        _refuse_named_repository(request.repository_name)
+        return encode_repository_index(self._service.repository_index(request.ready))
+
+    @_unary
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        _refuse_named_repository(request.repository_name)
+        raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+
+    @_unary
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        _refuse_named_repository(request.repository_name)
+        raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+
+    # --- shared memory ----------------------------------------------------------------------------------
+
+    @_unary
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        reply = pb.SystemSharedMemoryStatusResponse()
+        for region in self._service.shared_memory.system_status(request.name):
+            reply.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size
+                )
+            )
+        return reply
+
+    @_unary
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        self._service.shared_memory.register_system(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_unary
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self._service.shared_memory.unregister_system(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_unary
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        # No CUDA region can be registered on this server, so the status is always empty (or the name unknown).
+        self._service.shared_memory.cuda_status(request.name)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_unary
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        self._service.shared_memory.register_cuda(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_unary
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self._service.shared_memory.unregister_cuda(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # --- trace and log settings -------------------------------------------------------------------------
+
+    @_unary
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        raise unsupported("trace settings are not supported by this server: it records no traces")
+
+    @_unary
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        raise unsupported("log settings cannot be read or changed over gRPC on this server: use --log-verbose")
+
+    # --- inference --------------------------------------------------------------------------------------
+
+    @_unary
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        # grpc.aio cancels this coroutine when the client cancels, which stops the request wherever it waits.
+        reply = pb.ModelInferResponse()
+        await self._infer(request, reply, streaming=False)
+        return reply
+
+    async def _infer(self, request: Any, reply: Any, *, streaming: bool) -> None:
+        service = self._service
+        version = parse_version(request.model_version)
+        # Looked up before the request is decoded, as Triton does: an unknown model is reported as such.
+        model = service.find_model(request.model_name, version)
+        config = model.config
+        if not streaming and config is not None and config.model_transaction_policy.decoupled:
+            raise unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
+        response = await service.infer(decode_infer_request(request, version), model)
+        encode_infer_response(response, reply)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        abort_on_error = _grpc_error_mode(context)
+        pending: asyncio.Queue[asyncio.Task[tuple[Any, EdgedError | None]] | None] = asyncio.Queue(
+            MAX_IN_FLIGHT_PER_STREAM
+        )
+        reader = asyncio.create_task(self._read_stream(requests, pending))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+        if self._closing:
+            reader.cancel()
+        try:
+            while True:
+                task = await pending.get()
+                if task is None:
+                    break
+                reply, error = await task
+                if error is not None and abort_on_error:
+                    await context.abort(status_for(error), error.message)
+                yield reply
+            # A read that failed (a message over the size limit, a broken connection) has already ended the call;
+            # this only surfaces a fault of the reader itself.
+            await reader
+        finally:
+            # The client went away, or the stream ended: nothing still running for it is wanted.
+            reader.cancel()
+            while not pending.empty():
+                leftover = pending.get_nowait()
+                if leftover is not None:
+                    leftover.cancel()
+
+    async def _read_stream(
+        self, requests: AsyncIterator[Any], pending: asyncio.Queue[asyncio.Task[tuple[Any, EdgedError | None]] | None]
+    ) -> None:
+        try:
+            async for request in requests:
+                task = asyncio.create_task(self._stream_one(request))
+                try:
+                    await pending.put(task)
+                except asyncio.CancelledError:
+                    task.cancel()
+                    raise
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise  # the writer is gone and cancels what is queued itself
+            # The server is stopping: what was read is still answered, then the stream ends.
+        except Exception as exc:  # the call is over; grpc reports the reason to the client
+            log.debug("gRPC stream read ended: %r", exc)
+        await pending.put(None)
+
+    async def _stream_one(self, request: Any) -> tuple[Any, EdgedError | None]:
+        reply = pb.ModelStreamInferResponse()
+        try:
+            await self._infer(request, reply.infer_response, streaming=True)
+        except EdgedError as exc:
+            return encode_stream_error(request, exc), exc
+        except Exception:
+            log.exception("unhandled error in gRPC ModelStreamInfer")
+            error = internal_error()
+            return encode_stream_error(request, error), error
+        # A non-decoupled model gives exactly one response, which is therefore the final one.
+        reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+        return reply, None
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """``grpc.health.v1.Health``: SERVING once the server is ready, whatever service is asked about, as Triton."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self._service = service
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        reply = health_pb2.HealthCheckResponse
+        return reply(status=reply.SERVING if self._service.is_ready() else reply.NOT_SERVING)
+
+
+def _refuse_named_repository(name: str) -> None:
+    if name:
+        raise unsupported("'repository_name' specification is not supported")
+
+
+def _grpc_error_mode(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
+    for key, value in context.invocation_metadata() or ():
+        if key == _GRPC_ERROR_KEY:
+            return str(value).strip().lower() == "true"
+    return False
+
+
+def bind_address(address: str, port: int) -> str:
+    # IPv6 literals need brackets in a gRPC target ("[::]:8001").
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"{host}:{port}"
+
+
+class GrpcServer:
+    """The gRPC endpoint: both services on one grpc.aio server, on the running event loop."""
+
+    def __init__(self, service: InferenceService, address: str, port: int, options: GrpcOptions) -> None:
+        """Binds the address; raises RuntimeError when it cannot be bound."""
+        self.address = bind_address(address, port)
+        self._options = options
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", options.max_message_size),
+                ("grpc.max_send_message_length", options.max_message_size),
+                # One daemon per port: a second one must fail to bind, not share the port silently.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        self._servicer = InferenceServicer(service)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), self._server)
+        self._server.add_insecure_port(self.address)
+
+    async def start(self) -> None:
+        await self._server.start()
+
+    async def stop(self) -> None:
+        """New calls are refused at once; calls in flight get the grace period, then are cancelled."""
+        self._servicer.close_streams()
+        await self._server.stop(self._options.shutdown_grace_s)
