@@ -449,3 +449,18 @@ def test_disabled_auto_complete_rejects_a_model_without_config(small_repository:
             assert all(e.get("state") == "UNAVAILABLE" and e.get("reason") for e in entries), entries
         finally:
             triton.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v2/logging"),
+        ("POST", "/v2/logging"),
+        ("GET", "/v2/trace/setting"),
+        ("POST", "/v2/models/add_sub/trace/setting"),
+    ],
+)
+def test_settings_not_yet_offered_are_unsupported(server: Server, method: str, path: str) -> None:
+    reply = request(server.http_url, method, path, "{}" if method == "POST" else None)
+    assert reply.status == 501, reply
+    assert "not supported" in reply.error() or "cannot be read or changed" in reply.error()

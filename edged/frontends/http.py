@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar import Litestar, MediaType, Request, Response, get, post, route
 from litestar.exceptions import MethodNotAllowedException, NotFoundException
 
 from edged.core.inference import InferRequest
@@ -184,6 +184,22 @@ def _statistics_json(s: ModelStatistics) -> dict[str, Any]:
         ],
         "memory_usage": [],
     }
+
+
+# --- settings that come later ---------------------------------------------------------------------------
+
+
+@route(["/v2/trace/setting", "/v2/models/{model:str}/trace/setting"], http_method=["GET", "POST"], status_code=200)
+async def trace_setting(model: str = "") -> Response[bytes]:
+    del model
+    raise EdgedError(ErrorCode.UNSUPPORTED, "trace settings are not supported by this server: it records no traces")
+
+
+@route("/v2/logging", http_method=["GET", "POST"], status_code=200)
+async def logging_setting() -> Response[bytes]:
+    raise EdgedError(
+        ErrorCode.UNSUPPORTED, "log settings cannot be read or changed over HTTP on this server: use --log-verbose"
+    )
 
 
 # --- shared memory ----------------------------------------------------------------------------------------
@@ -469,6 +485,8 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
             model_config,
             model_statistics,
             repository_index,
+            trace_setting,
+            logging_setting,
             system_shm_status,
             system_shm_register,
             system_shm_unregister,
