@@ -26,7 +26,9 @@ def get_backend(name: str) -> Backend:
         return backend
     target = _BACKENDS.get(name)
     if target is None:
-        raise EdgedError(ErrorCode.UNSUPPORTED, f"unable to find backend '{name}': it is not available in edged")
+        raise EdgedError(
+            ErrorCode.UNSUPPORTED, f"unable to find backend '{name}': edged does not provide the '{name}' backend"
+        )
     module_name, attribute = target.split(":")
     backend_class: type[Backend] = getattr(importlib.import_module(module_name), attribute)
     backend = backend_class()

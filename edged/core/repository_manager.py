@@ -213,11 +213,9 @@ class ModelRepositoryManager:
                 f"unable to find a backend for model '{source.name}': set 'backend' or 'platform' in "
                 "config.pbtxt, or add a version folder holding a model file",
             )
-        if config.platform == "ensemble" or config.backend != "onnxruntime":
+        if config.platform == "ensemble":
             raise EdgedError(
-                ErrorCode.UNSUPPORTED,
-                f"model '{source.name}' needs the '{config.backend or config.platform}' backend, which this "
-                "edged does not provide",
+                ErrorCode.UNSUPPORTED, f"model '{source.name}' is an ensemble, which edged does not run yet"
             )
         backend = get_backend(config.backend)
         if self._options.auto_complete:
