@@ -152,6 +152,11 @@ async def serve(settings: Settings) -> int:
         )
         waiter = asyncio.create_task(stop.wait())
         await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            # An endpoint ended without being asked to: exit non-zero so systemd's Restart=on-failure applies.
+            waiter.cancel()
+            log.error("exiting: an endpoint stopped unexpectedly")
+            return 1
         log.info("edged stopping")
         return 0
     finally:

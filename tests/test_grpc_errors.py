@@ -462,3 +462,25 @@ def test_grpc_can_be_turned_off(small_repository: Path) -> None:
         error = _client_error(client.is_server_live)
         assert error.status() == "StatusCode.UNAVAILABLE"
         client.close()
+
+
+@pytest.mark.parametrize("dims", [[-1, 16], [1, -16]], ids=["batch", "item"])
+def test_negative_dimensions_are_refused(stub: Any, dims: list[int]) -> None:
+    request = _request()
+    request.inputs[0].ClearField("shape")
+    request.inputs[0].shape.extend(dims)
+    shape = "[" + ",".join(str(d) for d in dims) + "]"
+    _fails(
+        stub,
+        request,
+        INVALID,
+        f"{NO_ID}All input dimensions should be specified for input 'INPUT0' for model 'add_sub', got {shape}",
+    )
+
+
+def test_a_huge_shape_is_refused_before_numpy_sees_it(stub: Any) -> None:
+    request = _request()
+    request.inputs[0].ClearField("shape")
+    request.inputs[0].shape.extend([0, 2**62])
+    message = _fails_message(stub, request)
+    assert message.endswith("has shape [0,4611686018427387904], more than 1099511627776 elements"), message

@@ -290,8 +290,8 @@ def test_stopping_the_daemon_ends_open_streams(small_repository: Path) -> None:
             started = time.monotonic()
             running.process.send_signal(signal.SIGTERM)  # what systemctl stop sends
             running.process.wait(TIMEOUT_S)
-            # An idle stream the client keeps open does not hold the shutdown for the grace period.
-            assert time.monotonic() - started < 3.0
+            # An idle stream the client keeps open does not hold the shutdown for the 5 s grace period.
+            assert time.monotonic() - started < 4.5
             assert running.process.returncode == 0
             with pytest.raises(InferenceServerException) as caught:
                 client.is_server_live()

@@ -719,3 +719,57 @@ def test_request_not_over_the_limit_is_served(bundled_server: Server) -> None:
     reply = post_json(bundled_server.http_url, INFER, {"inputs": _good_inputs()})
     assert reply.status == 200, reply
     assert [o["name"] for o in reply.json()["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# inputs that once reached numpy unchecked
+
+
+def test_huge_shape_with_a_zero_dimension(server: Server) -> None:
+    reply = post_json(
+        server.http_url,
+        "/v2/models/identity_fp32/infer",
+        {"inputs": [{"name": "INPUT0", "shape": [0, 2**62], "datatype": "FP32", "data": []}]},
+    )
+    _expect(reply, 400, "input 'INPUT0' has shape [0, 4611686018427387904], more than 1099511627776 elements")
+
+
+def test_empty_outputs_list_returns_every_output(server: Server) -> None:
+    reply = post_json(server.http_url, "/v2/models/add_sub/infer", {"inputs": _good_inputs(), "outputs": []})
+    assert reply.status == 200, reply
+    assert [o["name"] for o in reply.json()["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+
+
+def test_classification_of_an_empty_batch(server: Server) -> None:
+    reply = post_json(
+        server.http_url,
+        "/v2/models/digits/infer",
+        {
+            "inputs": [{"name": "image", "shape": [0, 64], "datatype": "FP32", "data": []}],
+            "outputs": [{"name": "probabilities", "parameters": {"classification": 3}}],
+        },
+    )
+    assert reply.status == 200, reply
+    assert reply.json()["outputs"][0]["shape"] == [0, 3]
+
+
+def test_number_too_large_for_fp32(server: Server) -> None:
+    inputs = _good_inputs()
+    body = json.dumps({"inputs": inputs}).replace("[0.0, 1.0,", "[1" + "0" * 400 + ", 1.0,", 1)
+    assert "0" * 400 in body
+    reply = request(server.http_url, "POST", "/v2/models/add_sub/infer", body, {"Content-Type": "application/json"})
+    _expect(reply, 400, "unable to parse 'data' for input 'INPUT0': a value is out of range for FP32")
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "\u00b2"], ids=["5000-digits", "superscript-two"])
+def test_header_length_that_is_not_a_small_ascii_number(server: Server, value: str) -> None:
+    # Read as Triton reads it (atoi): not a number means 0, a raw binary request, which add_sub cannot take.
+    reply = request(
+        server.http_url,
+        "POST",
+        "/v2/models/add_sub/infer",
+        json.dumps({"inputs": _good_inputs()}).encode(),
+        {"Inference-Header-Content-Length": value.encode("latin-1").decode("latin-1") if value.isascii() else "\xb2"},
+    )
+    assert reply.status == 400, reply
+    assert "Raw request must only have 1 input" in reply.error()

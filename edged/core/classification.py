@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,10 @@ def classify(
     """Top-``k`` classes of each batch item (or of the whole tensor without batching), as a BYTES array."""
     if datatype not in _CLASSIFIABLE:
         raise invalid_arg(f"class result not available for output due to unsupported type '{datatype}'")
-    rows = array.reshape(array.shape[0], -1) if batching and array.ndim > 0 else array.reshape(1, -1)
+    if batching and array.ndim > 0:
+        rows = array.reshape(array.shape[0], math.prod(array.shape[1:]))
+    else:
+        rows = array.reshape(1, array.size)
     count = min(k, rows.shape[1])
     result = np.empty((rows.shape[0], count), dtype=np.object_)
     for r, row in enumerate(rows):

@@ -40,6 +40,9 @@ def validate_model_config(config: ModelConfig) -> None:
                 raise _error(f"dynamic batching preferred size must be positive for {name}")
             if config.max_batch_size > 0 and size > config.max_batch_size:
                 raise _error(f"dynamic batching preferred size must be <= max batch size for {name}")
+    filename = config.default_model_filename
+    if filename and (filename.startswith("/") or ".." in filename.split("/")):
+        raise _error(f"default_model_filename '{filename}' must name a file inside the version folder for {name}")
     policy = config.version_policy
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
         raise _error(f"version_policy 'latest' must have num_versions >= 1 for {name}")

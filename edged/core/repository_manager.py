@@ -171,9 +171,13 @@ class ModelRepositoryManager:
         if config_path.is_file():
             try:
                 text = config_path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
+            except OSError as exc:
                 raise EdgedError(
-                    ErrorCode.INVALID_ARG, f"unable to read '{source.relative(config_path)}': {exc}"
+                    ErrorCode.INVALID_ARG, f"unable to read '{source.relative(config_path)}': {exc.strerror}"
+                ) from None
+            except UnicodeDecodeError:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG, f"unable to read '{source.relative(config_path)}': it is not UTF-8 text"
                 ) from None
             config = parse_model_config(text, source.relative(config_path))
         elif self._options.auto_complete:

@@ -26,6 +26,8 @@ SHM_DIRECTORY = "/dev/shm"
 # Keys edged creates for itself (the Python backend's tensors): a client can never register them.
 INTERNAL_KEY_PREFIX = "/edged-"
 _MAX_SIZE = 2**63 - 1  # byte sizes and offsets travel as int64/uint64; anything larger is not a region
+# Each region is an open mapping of the daemon's; a client must not be able to exhaust the process's map count.
+MAX_REGIONS = 1024
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
@@ -89,6 +91,12 @@ class SharedMemoryManager:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             raise EdgedError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
+        if len(self._regions) >= MAX_REGIONS:
+            os.close(fd)
+            raise EdgedError(
+                ErrorCode.UNAVAILABLE,
+                f"failed to register shared memory region '{name}': {MAX_REGIONS} regions are registered already",
+            )
         try:
             size = os.fstat(fd).st_size
             if offset + byte_size > size:
@@ -96,7 +104,12 @@ class SharedMemoryManager:
                     f"failed to register shared memory region '{name}': invalid args (offset {offset} + byte size "
                     f"{byte_size} is past the {size} bytes of '{key}')"
                 )
-            mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except (OSError, ValueError, OverflowError) as exc:
+                raise EdgedError(
+                    ErrorCode.INTERNAL, f"failed to map shared memory region '{name}': {getattr(exc, 'strerror', exc)}"
+                ) from None
         finally:
             os.close(fd)
         self._regions[name] = _Region(name, key, offset, byte_size, mapping)

@@ -16,6 +16,9 @@ from edged.core.datatypes import ELEMENT_SIZE_BY_WIRE_NAME, NUMPY_DTYPE_BY_WIRE_
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 _LENGTH = struct.Struct("<I")
+# No tensor a request carries can have more elements than this (2**40, a terabyte of bytes); larger shapes are
+# refused before numpy is asked to represent them.
+MAX_ELEMENTS = 2**40
 # Deeper nesting of a JSON `data` array than this is refused: no tensor has that many dimensions, and walking
 # it costs the server while proving nothing.
 MAX_JSON_DEPTH = 100
@@ -92,6 +95,8 @@ def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any)
         raise invalid_arg(f"invalid datatype for input {name}")
     if not isinstance(data, list):
         raise _internal("Unable to parse 'data': attempt to access JSON non-array as array")
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise invalid_arg(f"input '{name}' has shape {list(shape)}, more than {MAX_ELEMENTS} elements")
     count = element_count(shape)
     flat = _flatten(data)
     if len(flat) != count:
@@ -115,7 +120,12 @@ def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any)
             raise invalid_arg(f"unable to parse 'data' for input '{name}': a value is out of range for {datatype}")
     elif not all(isinstance(item, (int, float)) and not isinstance(item, bool) for item in flat):
         raise _internal("Unable to parse 'data': attempt to access JSON non-number as double")
-    return np.array(flat, dtype=dtype).reshape(shape)
+    try:
+        return np.array(flat, dtype=dtype).reshape(shape)
+    except (OverflowError, ValueError):
+        raise invalid_arg(
+            f"unable to parse 'data' for input '{name}': a value is out of range for {datatype}"
+        ) from None
 
 
 def _flatten(data: list[Any]) -> list[Any]:

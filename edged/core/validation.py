@@ -8,13 +8,21 @@ with several faults gets the message a Triton user expects.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edged.core.datatypes import WIRE_NAME_BY_CONFIG
-from edged.core.tensors import binary_dtype, bytes_array, deserialize_bytes_tensor, element_count, element_size
+from edged.core.tensors import (
+    MAX_ELEMENTS,
+    binary_dtype,
+    bytes_array,
+    deserialize_bytes_tensor,
+    element_count,
+    element_size,
+)
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -76,6 +84,7 @@ def validate_request(signature: ModelSignature, request: InferRequest) -> None:
         if tensor.name in seen:
             raise _invalid(f"{prefix}input '{tensor.name}' already exists in request")
         seen.add(tensor.name)
+        _check_shape(tensor, model, prefix)
     if request.outputs is not None:
         for output in request.outputs:
             if output.name not in signature.outputs:
@@ -128,6 +137,21 @@ def validate_request(signature: ModelSignature, request: InferRequest) -> None:
                 f"{prefix}unexpected number of elements for input '{tensor.name}' for model '{model}'. Expected "
                 f"{element_count(tensor.shape)}, got {tensor.data.size}"
             )
+
+
+def _check_shape(tensor: InferInput, model: str, prefix: str) -> None:
+    """Every dimension given and sane: gRPC shapes are int64, so a client can send -1 or 2**62."""
+    if any(d < 0 for d in tensor.shape):
+        raise _invalid(
+            f"{prefix}All input dimensions should be specified for input '{tensor.name}' for model '{model}', "
+            f"got {format_shape(tensor.shape)}"
+        )
+    # Counted without zeros: a zero-sized tensor must still have dimensions numpy can represent.
+    if math.prod(d for d in tensor.shape if d) > MAX_ELEMENTS:
+        raise _invalid(
+            f"{prefix}input '{tensor.name}' for model '{model}' has shape {format_shape(tensor.shape)}, more than "
+            f"{MAX_ELEMENTS} elements"
+        )
 
 
 def _input_count_message(signature: ModelSignature, request: InferRequest, prefix: str) -> str:

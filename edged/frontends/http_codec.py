@@ -32,7 +32,7 @@ def parse_header_length(value: str | None, body_length: int) -> int | None:
         return None
     text = value.strip()
     digits = text[1:] if text[:1] in "+-" else text
-    length = int(text) if digits.isdigit() else 0
+    length = int(text) if digits.isascii() and digits.isdigit() and len(digits) <= 20 else 0
     if length < 0 or length > body_length:
         raise invalid_arg(f"inference header size should be in range (0, {body_length}), got: {value}")
     return length
@@ -127,7 +127,8 @@ def decode_infer_request(
     outputs: list[RequestedOutput] | None = None
     if "outputs" in header:
         raw_outputs = _member(header, "outputs", list, "non-array as array")
-        outputs = [_decode_output(raw) for raw in raw_outputs]
+        # An empty list asks for nothing in particular: every output, as when the member is absent.
+        outputs = [_decode_output(raw) for raw in raw_outputs] or None
     request = InferRequest(model_name, model_version, request_id, inputs, outputs, parameters)
     return request, binary_output
 
