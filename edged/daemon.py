@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from edged import __version__
+from edged.backends import configure as configure_backends
 from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
@@ -84,6 +85,8 @@ async def serve(settings: Settings) -> int:
         strict_readiness=settings.strict_readiness,
         shared_memory=shared_memory,
     )
+    # Before any model loads: backends read their --backend-config settings, and BLS calls come back here.
+    configure_backends(settings.backend_config, service)
     grpc_server: GrpcServer | None = None
     servers: list[_Server] = []
     tasks: list[asyncio.Task[None]] = []

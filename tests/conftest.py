@@ -208,3 +208,70 @@ def grpc_client(server: Server) -> Iterator[grpcclient.InferenceServerClient]:
     triton = grpcclient.InferenceServerClient(server.grpc_url)
     yield triton
     triton.close()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the Python backend
+
+PYTHON_MODELS: Final = REPO_ROOT / "tests" / "testdata" / "python_models"
+# Short, so that the hanging model is caught quickly; every other Python test model answers in milliseconds.
+PYTHON_STUB_TIMEOUT_S: Final = 2
+# A model folder whose name a shell would read as two commands: it must be refused, never started.
+SHELL_NAME: Final = "evil;touch pwned"
+
+
+def build_python_repository(repo: Path) -> None:
+    """The Python-backend test models (tests/testdata/python_models), the ONNX add_sub they are compared with
+    and call, and what they need around them (the stand-in NPU runtime, its compiled-model files)."""
+    import shutil
+
+    for model in PYTHON_MODELS.iterdir():
+        if model.is_dir():
+            shutil.copytree(model, repo / model.name)
+    for name in ("resnet50", "resnet50_multi", "resnet50_batching"):
+        shutil.copy(PYTHON_MODELS / "rebel.py", repo / name / "1" / "rebel.py")
+        (repo / name / "1" / f"{name}.rbln").write_text('{"classes": 1000}', encoding="utf-8")
+    inputs = ",\n".join(
+        f'  {{ name: "INPUT_{dt}" data_type: {modelgen.DATA_TYPES[dt].config} dims: [ -1 ] optional: true }}'
+        for dt in ALL_DTYPES
+    )
+    outputs = ",\n".join(
+        f'  {{ name: "OUTPUT_{dt}" data_type: {modelgen.DATA_TYPES[dt].config} dims: [ -1 ] }}' for dt in ALL_DTYPES
+    )
+    header = 'name: "identity_python"\nbackend: "python"\nmax_batch_size: 8\n'
+    (repo / "identity_python" / "config.pbtxt").write_text(
+        f"{header}input [\n{inputs}\n]\noutput [\n{outputs}\n]\n", encoding="utf-8"
+    )
+    modelgen.write_add_sub(repo / "add_sub", max_batch_size=8, dims=16, dtype="FP32")
+    shutil.copytree(PYTHON_MODELS / "init_fails", repo / SHELL_NAME)
+    config = repo / SHELL_NAME / "config.pbtxt"
+    config.write_text(config.read_text(encoding="utf-8").replace("init_fails", SHELL_NAME), encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def python_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("python-repository")
+    build_python_repository(repo)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def python_server(python_repository: Path) -> Iterator[Server]:
+    with run_server(
+        [python_repository], "--backend-config", f"python,stub-timeout-seconds={PYTHON_STUB_TIMEOUT_S}"
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def python_client(python_server: Server) -> Iterator[httpclient.InferenceServerClient]:
+    triton = httpclient.InferenceServerClient(python_server.http_url, network_timeout=60.0)
+    yield triton
+    triton.close()
+
+
+@pytest.fixture(scope="session")
+def python_grpc_client(python_server: Server) -> Iterator[grpcclient.InferenceServerClient]:
+    triton = grpcclient.InferenceServerClient(python_server.grpc_url)
+    yield triton
+    triton.close()

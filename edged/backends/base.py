@@ -1,8 +1,16 @@
 """The life cycle every backend implements: auto-complete a config, load a version, execute, unload.
 
-Ownership and threads: the core loads and unloads from a worker thread, and calls ``execute`` on one instance
-from at most one thread at a time (the scheduler hands an instance to one batch at a time), so instances need no
-locks of their own.
+Ownership and threads: the core loads from a worker thread and unloads on the event loop, and calls ``execute``
+on one instance from at most one thread at a time (the scheduler hands an instance to one batch at a time), so
+instances need no locks of their own. An instance that does its work in another process may instead offer
+``execute_async`` (AsyncBackendInstance), which the scheduler awaits on the event loop.
+
+Decoupled models (``model_transaction_policy { decoupled: true }``) answer through each request's ``stream``:
+the backend puts every response there, the final one included, and ``execute`` returns None for the request
+(or the error that ended it, for the statistics).
+
+Backends that need the server (a model that calls other models, as the Python backend's BLS does) reach it
+through ``edged.backends.host()``, a ServerApi bound to the event loop.
 """
 
 from __future__ import annotations
@@ -11,10 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    import asyncio
+    from collections.abc import AsyncIterator, Sequence
     from pathlib import Path
 
-    from edged.core.inference import InferRequest, InferResponse
+    from edged.core.inference import InferRequest, InferResponse, StreamResponse
     from edged.core.stats import ExecutionTiming
     from edged.errors import EdgedError
     from edged.proto.model_config_pb2 import ModelConfig
@@ -42,13 +51,39 @@ class BackendInstance(Protocol):
         ...
 
 
+class AsyncBackendInstance(BackendInstance, Protocol):
+    """An instance whose work happens elsewhere (a child process): the scheduler awaits it on the event loop."""
+
+    async def execute_async(
+        self, requests: Sequence[InferRequest], timing: ExecutionTiming
+    ) -> Sequence[InferResponse | EdgedError | None]:
+        """As ``execute``; None for a request answered through its stream (decoupled models)."""
+        ...
+
+
 class BackendModel(Protocol):
-    """A loaded model version: its instances, and how to release them."""
+    """A loaded model version: its instances, and how to release them.
+
+    A model may also define ``is_ready() -> bool`` (called on the event loop, must not block): False while it
+    cannot serve (an instance's process is restarting), which the model-ready endpoints report."""
 
     @property
     def instances(self) -> Sequence[BackendInstance]: ...
 
     def unload(self) -> None: ...
+
+
+class ServerApi(Protocol):
+    """What a backend may ask of the server; coroutines run on ``loop``."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[StreamResponse]: ...
+
+    def model_ready(self, name: str, version: int) -> bool: ...
 
 
 class Backend(Protocol):

@@ -7,11 +7,16 @@ wire format allows it, BYTES tensors are object arrays of ``bytes``.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
+
+    from edged.errors import EdgedError
 
 # Request parameter values as KServe v2 allows them (bool, int, float, str).
 ParameterValue = bool | int | float | str
@@ -51,6 +56,28 @@ class InferRequest:
     batch_size: int = 1
     # time.monotonic_ns() when the core accepted the request; statistics measure from here.
     arrival_ns: int = 0
+    # Where a decoupled model's responses go (set by the core for streaming requests only).
+    stream: ResponseStream | None = None
+    # Set when the client cancelled or went away; a backend that can stop early registers with on_cancel.
+    cancelled: bool = False
+    _cancel_callbacks: list[Callable[[], None]] | None = None
+
+    def cancel(self) -> None:
+        """Mark the request cancelled and tell whoever registered (on the event loop)."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        callbacks, self._cancel_callbacks = self._cancel_callbacks, None
+        for callback in callbacks or ():
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        if self.cancelled:
+            callback()
+        elif self._cancel_callbacks is None:
+            self._cancel_callbacks = [callback]
+        else:
+            self._cancel_callbacks.append(callback)
 
 
 @dataclass(slots=True)
@@ -70,3 +97,37 @@ class InferResponse:
     id: str
     outputs: list[InferOutput]
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StreamResponse:
+    """One response of a decoupled model: data, or an error, and whether it is the request's last.
+
+    The final one may carry neither (``response`` and ``error`` None): Triton's flag-only final response, which
+    gRPC forwards as an empty response only when the client asked for it."""
+
+    response: InferResponse | None
+    error: EdgedError | None = None
+    final: bool = False
+
+
+class ResponseStream:
+    """The responses of one request to a decoupled model, in the order the model sends them.
+
+    Written by the backend and read by the service, both on the event loop; the final response ends it."""
+
+    __slots__ = ("_queue", "finished")
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
+        self.finished = False
+
+    def put(self, item: StreamResponse) -> None:
+        if self.finished:
+            return  # nothing may follow the final response
+        if item.final:
+            self.finished = True
+        self._queue.put_nowait(item)
+
+    async def get(self) -> StreamResponse:
+        return await self._queue.get()

@@ -6,15 +6,20 @@ request on its own, and the dynamic batcher will group them behind the same inte
 Threads: ``enqueue`` runs on the event loop. An instance's ``execute`` runs either inline on the loop or on the
 shared worker pool: inline when the model's recent executions were shorter than a thread hand-off costs (tiny
 models such as add_sub run in microseconds and a hop to a thread would triple their latency), on the pool
-otherwise so the loop keeps serving while onnxruntime works.
+otherwise so the loop keeps serving while onnxruntime works. An instance with ``execute_async`` (its work is in
+another process) is awaited on the loop: no thread is needed to wait for it.
+
+Cancellation: a request whose caller is cancelled (the client went away) is marked with ``request.cancel()``;
+its execution goes on until the backend returns, and only then is the instance free again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from edged.core.stats import ExecutionTiming
 from edged.errors import EdgedError
@@ -27,6 +32,9 @@ if TYPE_CHECKING:
     from edged.core.inference import InferRequest, InferResponse
     from edged.core.stats import ModelStatistics
 
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
 # Executions shorter than this (moving average) stay on the event loop.
 INLINE_BUDGET_NS = 150_000
 # Inline executions are timed too, so a model that turns slow (larger inputs) moves back to the pool.
@@ -34,7 +42,9 @@ _EWMA_WEIGHT = 0.1
 
 
 class Scheduler(Protocol):
-    async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError: ...
+    async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError | None:
+        """The response, or the error; None for a request answered through its stream (decoupled models)."""
+        ...
 
     async def drain(self) -> None:
         """Wait until no request is in flight."""
@@ -55,14 +65,18 @@ class DirectScheduler:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError:
+    async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError | None:
         # Newest-released first: the instance that just ran has its weights and threads warm.
         instance = self._free.pop() if self._free else await self._wait_for_instance()
         queued_ns = time.monotonic_ns() - request.arrival_ns
         self._in_flight += 1
         self._idle.clear()
         timing = ExecutionTiming()
-        if self._average_ns < INLINE_BUDGET_NS:
+        result: InferResponse | EdgedError | None
+        execute_async = getattr(instance, "execute_async", None)
+        if execute_async is not None:
+            result = (await self._run(instance, request, asyncio.ensure_future(execute_async((request,), timing))))[0]
+        elif self._average_ns < INLINE_BUDGET_NS:
             try:
                 start = time.perf_counter_ns()
                 result = instance.execute((request,), timing)[0]
@@ -71,17 +85,7 @@ class DirectScheduler:
                 self._finish(instance)
         else:
             work = asyncio.get_running_loop().run_in_executor(self._executor, _timed_execute, instance, request, timing)
-            try:
-                # Shielded: a cancelled request (the client went away) must not free the instance while its
-                # thread is still executing; the instance is freed when the execution really ends.
-                results, elapsed = await asyncio.shield(work)
-            except asyncio.CancelledError:
-                work.add_done_callback(lambda _: self._finish(instance))
-                raise
-            except BaseException:
-                self._finish(instance)
-                raise
-            self._finish(instance)
+            results, elapsed = await self._run(instance, request, work)
             self._observe(elapsed)
             result = results[0]
         self._stats.record_execution(request.batch_size, timing)
@@ -91,6 +95,27 @@ class DirectScheduler:
         else:
             self._stats.record_success(request.batch_size, request_ns, queued_ns, timing)
         return result
+
+    async def _run(self, instance: BackendInstance, request: InferRequest, work: asyncio.Future[_T]) -> _T:
+        """Await an execution that the caller's cancellation must not cut short: the instance is busy until the
+        execution really ends, whatever happens to the caller."""
+        try:
+            # Shielded: a cancelled request (the client went away) must not free the instance while it executes.
+            result = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            request.cancel()
+            work.add_done_callback(lambda done: self._abandoned(instance, done))
+            raise
+        except BaseException:
+            self._finish(instance)
+            raise
+        self._finish(instance)
+        return result
+
+    def _abandoned(self, instance: BackendInstance, work: asyncio.Future[Any]) -> None:
+        if not work.cancelled() and work.exception() is not None:
+            log.error("execution of a cancelled request failed: %r", work.exception())
+        self._finish(instance)
 
     async def drain(self) -> None:
         await self._idle.wait()

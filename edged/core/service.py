@@ -6,20 +6,31 @@ reports failures as EdgedError with Triton's codes for each frontend to map.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edged import __version__
 from edged.core.classification import classify
-from edged.core.inference import InferInput, InferOutput, InferRequest, InferResponse
+from edged.core.inference import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ResponseStream,
+    StreamResponse,
+)
 from edged.core.shared_memory import SharedMemoryManager
 from edged.core.tensors import array_to_binary
 from edged.core.validation import raw_binary_input, validate_request
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from edged.core.repository_manager import IndexEntry, ModelRepositoryManager, ModelVersion
+    from edged.core.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -77,6 +88,17 @@ class InferenceService:
         # Live from construction; ready once the daemon finished its start-up loads (set by the daemon).
         self.started = False
         self.stopping = False
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the service runs on (backends that call back into the server use it)."""
+        if self._loop is None:
+            raise RuntimeError("the inference service was created outside an event loop")
+        return self._loop
 
     # --- health and metadata ----------------------------------------------------------------------------
 
@@ -92,7 +114,14 @@ class InferenceService:
         return self._metadata
 
     def model_ready(self, name: str, version: int) -> bool:
-        return self._manager.is_ready(name, version)
+        """READY, and the backend can serve it now (a Python model is not while an instance's process restarts)."""
+        try:
+            model = self._manager.get_ready(name, version)
+        except EdgedError:
+            return False
+        # Optional in the backend protocol (edged.backends.base.BackendModel): only some backends can be unready.
+        backend_ready = getattr(model.backend_model, "is_ready", None)
+        return bool(backend_ready()) if backend_ready is not None else True
 
     def model_metadata(self, name: str, version: int) -> ModelMetadata:
         model = self._manager.get_ready(name, version)
@@ -133,21 +162,21 @@ class InferenceService:
     async def infer(self, request: InferRequest, model: ModelVersion | None = None) -> InferResponse:
         if model is None:
             model = self._manager.get_ready(request.model_name, request.model_version)
-        signature = model.signature
-        scheduler = model.scheduler
-        if signature is None or scheduler is None:
+        if _is_decoupled(model):
             raise EdgedError(
-                ErrorCode.UNAVAILABLE,
-                f"Request for unknown model: '{model.name}' version {model.version} is not at ready state",
+                ErrorCode.UNSUPPORTED,
+                f"model '{model.name}' uses the decoupled transaction policy: it answers through a stream of "
+                "responses, which this call cannot return",
             )
+        scheduler = self._scheduler_of(model)
         held = self.shared_memory.bind_inputs(request)
         try:
-            validate_request(signature, request)
-            request.model_version = model.version
-            request.arrival_ns = time.monotonic_ns()
+            self._accept(model, request)
             result = await scheduler.enqueue(request)
             if isinstance(result, EdgedError):
                 raise result
+            if result is None:
+                raise EdgedError(ErrorCode.INTERNAL, f"model '{model.name}' returned no response")
             if request.outputs is not None:
                 self._select_outputs(model, request, result)
                 if held:
@@ -159,8 +188,57 @@ class InferenceService:
             if held:
                 self.shared_memory.release(held)
 
-    def _select_outputs(self, model: ModelVersion, request: InferRequest, response: InferResponse) -> None:
-        """Keep the requested outputs in the requested order, applying classification where asked."""
+    async def infer_stream(
+        self, request: InferRequest, model: ModelVersion | None = None
+    ) -> AsyncIterator[StreamResponse]:
+        """Every response of the request, in order, the last one marked final. A model that is not decoupled
+        gives exactly one; a decoupled one zero or more, then possibly a final response with no data. Errors found
+        before the model runs are raised; errors after come as responses. Leaving the iteration early cancels the
+        request."""
+        if model is None:
+            model = self._manager.get_ready(request.model_name, request.model_version)
+        if not _is_decoupled(model):
+            yield StreamResponse(await self.infer(request, model), final=True)
+            return
+        scheduler = self._scheduler_of(model)
+        held = self.shared_memory.bind_inputs(request)
+        stream = request.stream = ResponseStream()
+        try:
+            self._accept(model, request)
+            execution = asyncio.ensure_future(scheduler.enqueue(request))
+            execution.add_done_callback(lambda done: _end_stream(stream, done))
+            while True:
+                item = await stream.get()
+                if item.response is not None and request.outputs is not None:
+                    self._select_outputs(model, request, item.response, strict=False)
+                yield item
+                if item.final:
+                    break
+        finally:
+            if not stream.finished:
+                request.cancel()
+            if held:
+                self.shared_memory.release(held)
+
+    def _scheduler_of(self, model: ModelVersion) -> Scheduler:
+        if model.signature is None or model.scheduler is None:
+            raise EdgedError(
+                ErrorCode.UNAVAILABLE,
+                f"Request for unknown model: '{model.name}' version {model.version} is not at ready state",
+            )
+        return model.scheduler
+
+    def _accept(self, model: ModelVersion, request: InferRequest) -> None:
+        assert model.signature is not None
+        validate_request(model.signature, request)
+        request.model_version = model.version
+        request.arrival_ns = time.monotonic_ns()
+
+    def _select_outputs(
+        self, model: ModelVersion, request: InferRequest, response: InferResponse, *, strict: bool = True
+    ) -> None:
+        """Keep the requested outputs in the requested order, applying classification where asked. A decoupled
+        model's responses (``strict`` False) may each carry only some of them."""
         assert request.outputs is not None
         by_name = {o.name: o for o in response.outputs}
         batching = model.signature is not None and model.signature.max_batch_size > 0
@@ -168,6 +246,8 @@ class InferenceService:
         for wanted in request.outputs:
             output = by_name.get(wanted.name)
             if output is None:
+                if not strict:
+                    continue
                 raise EdgedError(
                     ErrorCode.INTERNAL,
                     f"model '{model.name}' did not produce the requested output '{wanted.name}'",
@@ -179,6 +259,25 @@ class InferenceService:
                 output = InferOutput(output.name, "BYTES", tuple(classes.shape), classes)
             selected.append(output)
         response.outputs = selected
+
+
+def _is_decoupled(model: ModelVersion) -> bool:
+    return model.config is not None and model.config.model_transaction_policy.decoupled
+
+
+def _end_stream(stream: ResponseStream, execution: asyncio.Future[InferResponse | EdgedError | None]) -> None:
+    """A decoupled execution that failed before its model finished the stream ends it with the error; one that
+    returned leaves the stream to the model, which may still be sending."""
+    if execution.cancelled():
+        error: EdgedError | None = EdgedError(ErrorCode.CANCELLED, "the request was cancelled")
+    elif execution.exception() is not None:
+        exc = execution.exception()
+        error = exc if isinstance(exc, EdgedError) else EdgedError(ErrorCode.INTERNAL, "internal error")
+    else:
+        result = execution.result()
+        error = result if isinstance(result, EdgedError) else None
+    if error is not None and not stream.finished:
+        stream.put(StreamResponse(None, error, final=True))
 
 
 def _config_of(model: ModelVersion) -> ModelConfig:

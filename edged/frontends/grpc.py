@@ -4,9 +4,11 @@ The server runs on the daemon's event loop beside the HTTP server and calls the 
 handler turns an EdgedError into the gRPC status Triton gives its code; the message is the core's, unchanged.
 
 Streams: each request read from a ModelStreamInfer stream runs as its own task, so many are in flight on one
-stream, while replies are written in request order by the handler itself, which awaits the tasks in the order
-they arrived. A failing request answers with ``error_message`` and the stream goes on, unless the client opened
-it with the metadata ``triton_grpc_error: true``, in which case the first error ends it with a status.
+stream, while replies are written in request order by the handler itself, which drains each request's replies in
+the order the requests arrived. A decoupled model gives zero or more replies per request, each marked with
+``triton_final_response``, and the flag-only final one is sent (empty) when the request asked for it. A failing
+request answers with ``error_message`` and the stream goes on, unless the client opened it with the metadata
+``triton_grpc_error: true``, in which case the first error ends it with a status.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import grpc
 
 from edged.errors import EdgedError, ErrorCode, unsupported
 from edged.frontends.grpc_codec import (
+    ENABLE_EMPTY_FINAL_RESPONSE,
     FINAL_RESPONSE,
     decode_infer_request,
     encode_infer_response,
@@ -229,44 +232,49 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         abort_on_error = _grpc_error_mode(context)
-        pending: asyncio.Queue[asyncio.Task[tuple[Any, EdgedError | None]] | None] = asyncio.Queue(
-            MAX_IN_FLIGHT_PER_STREAM
-        )
+        pending: asyncio.Queue[_Replies | None] = asyncio.Queue(MAX_IN_FLIGHT_PER_STREAM)
         reader = asyncio.create_task(self._read_stream(requests, pending))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         if self._closing:
             reader.cancel()
+        replies: _Replies | None = None
         try:
             while True:
-                task = await pending.get()
-                if task is None:
+                replies = await pending.get()
+                if replies is None:
                     break
-                reply, error = await task
-                if error is not None and abort_on_error:
-                    await context.abort(status_for(error), error.message)
-                yield reply
+                # Each request's replies in turn (a decoupled model gives any number), in the order requests came.
+                while True:
+                    item = await replies.get()
+                    if item is None:
+                        break
+                    reply, error = item
+                    if error is not None and abort_on_error:
+                        await context.abort(status_for(error), error.message)
+                    yield reply
             # A read that failed (a message over the size limit, a broken connection) has already ended the call;
             # this only surfaces a fault of the reader itself.
             await reader
         finally:
             # The client went away, or the stream ended: nothing still running for it is wanted.
             reader.cancel()
+            if replies is not None:
+                replies.task.cancel()
             while not pending.empty():
                 leftover = pending.get_nowait()
                 if leftover is not None:
-                    leftover.cancel()
+                    leftover.task.cancel()
 
-    async def _read_stream(
-        self, requests: AsyncIterator[Any], pending: asyncio.Queue[asyncio.Task[tuple[Any, EdgedError | None]] | None]
-    ) -> None:
+    async def _read_stream(self, requests: AsyncIterator[Any], pending: asyncio.Queue[_Replies | None]) -> None:
         try:
             async for request in requests:
-                task = asyncio.create_task(self._stream_one(request))
+                replies = _Replies()
+                replies.task = asyncio.create_task(self._stream_one(request, replies))
                 try:
-                    await pending.put(task)
+                    await pending.put(replies)
                 except asyncio.CancelledError:
-                    task.cancel()
+                    replies.task.cancel()
                     raise
         except asyncio.CancelledError:
             if not self._closing:
@@ -276,19 +284,69 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             log.debug("gRPC stream read ended: %r", exc)
         await pending.put(None)
 
-    async def _stream_one(self, request: Any) -> tuple[Any, EdgedError | None]:
-        reply = pb.ModelStreamInferResponse()
+    async def _stream_one(self, request: Any, replies: _Replies) -> None:
         try:
-            await self._infer(request, reply.infer_response, streaming=True)
+            await self._stream_replies(request, replies)
         except EdgedError as exc:
-            return encode_stream_error(request, exc), exc
+            replies.put(encode_stream_error(request, exc), exc)
         except Exception:
             log.exception("unhandled error in gRPC ModelStreamInfer")
             error = internal_error()
-            return encode_stream_error(request, error), error
-        # A non-decoupled model gives exactly one response, which is therefore the final one.
-        reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
-        return reply, None
+            replies.put(encode_stream_error(request, error), error)
+        finally:
+            replies.end()
+
+    async def _stream_replies(self, request: Any, replies: _Replies) -> None:
+        service = self._service
+        version = parse_version(request.model_version)
+        model = service.find_model(request.model_name, version)
+        config = model.config
+        if config is None or not config.model_transaction_policy.decoupled:
+            reply = pb.ModelStreamInferResponse()
+            await self._infer(request, reply.infer_response, streaming=True)
+            # A model that is not decoupled gives exactly one response, which is therefore the final one.
+            reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+            replies.put(reply, None)
+            return
+        flag = request.parameters.get(ENABLE_EMPTY_FINAL_RESPONSE)
+        empty_final = flag is not None and flag.bool_param
+        async for item in service.infer_stream(decode_infer_request(request, version), model):
+            if item.error is not None:
+                error_reply = encode_stream_error(request, item.error)
+                error_reply.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
+                replies.put(error_reply, item.error)
+            elif item.response is not None:
+                reply = pb.ModelStreamInferResponse()
+                encode_infer_response(item.response, reply.infer_response)
+                reply.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
+                replies.put(reply, None)
+            elif empty_final:
+                # Triton's flag-only final response: an empty response that tells the client the request is done.
+                reply = pb.ModelStreamInferResponse()
+                reply.infer_response.model_name = model.name
+                reply.infer_response.model_version = str(model.version)
+                reply.infer_response.id = request.id
+                reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+                replies.put(reply, None)
+
+
+class _Replies:
+    """The replies to one request of a stream, as they are produced; None marks the end."""
+
+    __slots__ = ("_queue", "task")
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[Any, EdgedError | None] | None] = asyncio.Queue()
+        self.task: asyncio.Task[None]
+
+    def put(self, reply: Any, error: EdgedError | None) -> None:
+        self._queue.put_nowait((reply, error))
+
+    def end(self) -> None:
+        self._queue.put_nowait(None)
+
+    async def get(self) -> tuple[Any, EdgedError | None] | None:
+        return await self._queue.get()
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]

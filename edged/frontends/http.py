@@ -346,6 +346,10 @@ class InferRoute:
         try:
             version = _parse_version(version_text)
             model = service.find_model(model_name, version)
+            if model.config is not None and model.config.model_transaction_policy.decoupled:
+                raise EdgedError(
+                    ErrorCode.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy"
+                )
             body = await _read_body(receive, headers, options.max_input_size)
             header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
             if header_length == 0 or (header_length is None and not body):

@@ -1,0 +1,271 @@
+"""The Python backend: Triton ``model.py`` files served unchanged, one supervised stub process per instance.
+
+Load: the model's name and file name are checked (no shell metacharacters, ``..`` or ``/``), the interpreter is
+chosen (``EXECUTION_ENV_PATH``), then every instance's stub is started at once and initialized with the ``args``
+Triton passes. A failing ``initialize`` makes the version UNAVAILABLE with the exception's line as the reason.
+
+Settings (``--backend-config=python,<key>=<value>``): ``stub-timeout-seconds`` (default 30: how long an execute,
+a finalize, or a restart may take before the stub is killed), ``shm-default-byte-size`` (each ring's first
+size), ``env-cache-directory`` (where packed execution environments are unpacked).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edged.backends import backend_settings, host
+from edged.backends.python import shm
+from edged.backends.python.environment import stub_interpreter
+from edged.backends.python.instance import ModelState, PythonInstance, stub_log
+from edged.backends.python.process import StubGone, StubProcess, stub_environment
+from edged.core.model_config import model_config_from_json, model_config_to_json
+from edged.errors import EdgedError, ErrorCode
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edged.backends.base import LoadContext
+    from edged.proto.model_config_pb2 import ModelConfig
+
+log = logging.getLogger("edged.backends.python")
+
+KIND_GPU = 1
+_KIND_NAMES = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
+# Characters a shell would interpret: a model or file name holding one is refused, so no name can ever change
+# what a command means even if one were built from it.
+_SHELL_METACHARACTERS = re.compile(r"[\s;&|`$<>(){}\[\]*?!~#'\"\\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    stub_timeout_s: float = 30.0
+    shm_default_byte_size: int = shm.DEFAULT_SIZE
+    env_cache_dir: Path = field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / f"edged-python-envs-{os.getuid()}"
+    )
+
+    @classmethod
+    def from_backend_config(cls, values: dict[str, str]) -> Settings:
+        try:
+            timeout = float(values.get("stub-timeout-seconds", "30"))
+            size = int(values.get("shm-default-byte-size", str(shm.DEFAULT_SIZE)))
+        except ValueError as exc:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"invalid --backend-config for the python backend: {exc}") from None
+        if timeout <= 0 or size <= 0:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                "--backend-config python,stub-timeout-seconds and shm-default-byte-size must be positive",
+            )
+        cache = values.get("env-cache-directory")
+        return cls(timeout, size, Path(cache)) if cache else cls(timeout, size)
+
+
+def check_name(what: str, value: str) -> None:
+    if not value or value in (".", "..") or "/" in value or ".." in value or _SHELL_METACHARACTERS.search(value):
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"{what} '{value}' is refused by the python backend: names may not hold '/', '..', white space or shell "
+            "metacharacters",
+        )
+
+
+class PythonBackend:
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self._settings_error: EdgedError | None = None
+        try:
+            self._settings = Settings.from_backend_config(backend_settings("python"))
+        except EdgedError as exc:
+            self._settings_error = exc
+        # Custom metric families the models create: kept per instance until the metrics endpoint exports them.
+        self.metrics: dict[str, dict[str, Any]] = {}
+        self._metrics_lock = threading.Lock()
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            assert self._settings_error is not None
+            raise self._settings_error
+        return self._settings
+
+    def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
+        """Run the model's ``auto_complete_config`` in a throw-away stub. A model.py that never names the function
+        has nothing to run, so no process is started for it."""
+        check_name("model name", context.model_name)
+        check_name("model file name", context.model_file.name)
+        try:
+            source = context.model_file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return  # a missing file is reported by load, with the version it is missing from
+        if "auto_complete_config" not in source:
+            return
+        stub = self._spawn(context, config, f"{context.model_name}_auto_complete")
+        try:
+            reply = stub.request_blocking(
+                {
+                    "t": "auto_complete",
+                    "config": model_config_to_json(config).decode(),
+                    "model_name": context.model_name,
+                    **_paths(context),
+                },
+                "auto_complete_done",
+                lambda message: stub_log(stub.name, message),
+            )
+        except StubGone as exc:
+            raise EdgedError(
+                ErrorCode.INTERNAL,
+                f"auto-complete of model '{context.model_name}' failed: its stub process {exc}",
+            ) from None
+        finally:
+            stub.close()
+        if "error" in reply:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG, f"auto-complete of model '{context.model_name}' failed: {reply['error']}"
+            )
+        completed = model_config_from_json(str(reply["config"]))
+        config.CopyFrom(completed)
+
+    def load(self, config: ModelConfig, context: LoadContext) -> PythonModel:
+        check_name("model name", context.model_name)
+        check_name("model file name", context.model_file.name)
+        if not context.model_file.is_file():
+            raise EdgedError(
+                ErrorCode.UNAVAILABLE,
+                f"unable to find '{context.model_file.name}' for version {context.version} of model "
+                f"'{context.model_name}'",
+            )
+        settings = self.settings
+        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        interpreter = stub_interpreter(
+            context.model_name, parameters.get("EXECUTION_ENV_PATH", ""), context.model_dir, settings.env_cache_dir
+        )
+        state = ModelState(
+            config=config,
+            settings_timeout_s=settings.stub_timeout_s,
+            shm_size=settings.shm_default_byte_size,
+            interpreter=interpreter,
+            env=stub_environment(os.environ, interpreter, sys.executable),
+            init={
+                "t": "init",
+                "decoupled": bool(config.model_transaction_policy.decoupled),
+                "outputs": [o.name for o in config.output],
+                **_paths(context),
+            },
+            args={
+                "model_config": model_config_to_json(config).decode(),
+                "model_repository": str(context.model_dir),
+                "model_version": str(context.version),
+                "model_name": context.model_name,
+            },
+            backend=self,
+            host=host(),
+        )
+        instances: list[PythonInstance] = []
+        for group in config.instance_group:
+            devices = list(group.gpus) if group.kind == KIND_GPU and group.gpus else [0]
+            index = 0
+            for device in devices:
+                for _ in range(max(group.count, 1)):
+                    instances.append(
+                        PythonInstance(state, f"{group.name}_{index}", _KIND_NAMES.get(group.kind, "CPU"), device)
+                    )
+                    index += 1
+        # Every stub starts at once; each then initializes while the others do.
+        try:
+            for instance in instances:
+                instance.spawn()
+            for instance in instances:
+                instance.wait_initialized()
+        except EdgedError:
+            for instance in instances:
+                instance.discard()
+            raise
+        model = PythonModel(instances)
+        if state.host is not None:
+            state.host.loop.call_soon_threadsafe(model.attach)
+        return model
+
+    def _spawn(self, context: LoadContext, config: ModelConfig, name: str) -> StubProcess:
+        settings = self.settings
+        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        interpreter = stub_interpreter(
+            context.model_name, parameters.get("EXECUTION_ENV_PATH", ""), context.model_dir, settings.env_cache_dir
+        )
+        try:
+            return StubProcess(
+                name,
+                interpreter,
+                stub_environment(os.environ, interpreter, sys.executable),
+                settings.shm_default_byte_size,
+            )
+        except StubGone as exc:
+            raise EdgedError(
+                ErrorCode.INTERNAL, f"unable to start the stub of model '{context.model_name}': {exc}"
+            ) from None
+
+    def record_metric(self, instance: str, message: dict[str, Any]) -> None:
+        """Custom metrics from a model (pb_utils.MetricFamily): kept with their latest values."""
+        with self._metrics_lock:
+            families = self.metrics.setdefault(instance, {})
+            op = message.get("op")
+            if op == "family":
+                families[f"family:{message.get('family')}"] = {
+                    "name": message.get("name"),
+                    "description": message.get("description"),
+                    "kind": message.get("kind"),
+                }
+            elif op == "metric":
+                families[f"metric:{message.get('metric')}"] = {
+                    "family": message.get("family"),
+                    "labels": message.get("labels"),
+                    "buckets": message.get("buckets"),
+                    "value": 0.0,
+                    "count": 0,
+                }
+            elif op in ("increment", "set", "observe"):
+                metric = families.get(f"metric:{message.get('metric')}")
+                if metric is not None:
+                    value = float(message.get("value", 0.0))
+                    metric["value"] = value if op == "set" else metric["value"] + value
+                    metric["count"] += 1
+
+
+def _paths(context: LoadContext) -> dict[str, Any]:
+    return {
+        "model_file": str(context.model_file),
+        "model_dir": str(context.model_dir),
+        # Triton appends the version folder, then the model folder, to sys.path.
+        "paths": [str(context.version_dir), str(context.model_dir)],
+    }
+
+
+class PythonModel:
+    def __init__(self, instances: list[PythonInstance]) -> None:
+        self._instances = instances
+
+    @property
+    def instances(self) -> Sequence[PythonInstance]:
+        return self._instances
+
+    def attach(self) -> None:
+        for instance in self._instances:
+            instance.attach()
+
+    def is_ready(self) -> bool:
+        return all(instance.is_ready() for instance in self._instances)
+
+    def unload(self) -> None:
+        """finalize in every stub at once, then wait for each (killed past the stub timeout)."""
+        for instance in self._instances:
+            instance.begin_stop()
+        for instance in self._instances:
+            instance.end_stop()
+        self._instances = []

@@ -1,0 +1,620 @@
+"""One instance of a Python model: its stub process, the requests in flight on it, and its supervision.
+
+Threads: ``spawn``/``wait_initialized`` run on the load thread (blocking). From ``attach`` on, everything runs on
+the event loop: ``execute_async`` sends a batch and awaits the stub's reply, the stub's messages (decoupled
+responses, BLS calls, logs) are handled as they arrive, and a stub that dies or overruns its timeout fails what
+it had in flight and is restarted in the background; the instance is not ready until the restart is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edged.backends.python import ipc, shm
+from edged.backends.python.process import StubGone, StubProcess
+from edged.core.datatypes import WIRE_NAME_BY_CONFIG
+from edged.core.inference import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput, StreamResponse
+from edged.errors import EdgedError, ErrorCode
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edged.backends.base import ServerApi
+    from edged.backends.python.backend import PythonBackend
+    from edged.core.stats import ExecutionTiming
+    from edged.proto.model_config_pb2 import ModelConfig
+
+log = logging.getLogger("edged.backends.python")
+
+# Request parameters that are request fields in Triton's API rather than entries of parameters().
+_RESERVED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"})
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+# How often a model's own is_ready() is asked again, at most (readiness is answered from the last reply).
+_READY_REFRESH_S = 0.5
+RESTART_TIMEOUT_S = 120.0
+
+
+def stub_log(instance: str, message: dict[str, Any]) -> None:
+    """A log line from a stub (pb_utils.Logger, or a failure the stub reports) into the daemon's log."""
+    if message.get("t") != "log":
+        return
+    level = _LOG_LEVELS.get(int(message.get("level", 0)), logging.INFO)
+    log.log(level, "%s: %s", instance, message.get("msg", ""))
+
+
+@dataclass(slots=True)
+class ModelState:
+    """What every instance of one model version shares."""
+
+    config: ModelConfig
+    settings_timeout_s: float
+    shm_size: int
+    interpreter: str
+    env: dict[str, str]
+    init: dict[str, Any]
+    args: dict[str, str]
+    backend: PythonBackend
+    host: ServerApi | None
+
+    output_types: dict[str, str] = field(init=False)
+    output_names: list[str] = field(init=False)
+    decoupled: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output_types = {o.name: WIRE_NAME_BY_CONFIG.get(o.data_type, "") for o in self.config.output}
+        self.output_names = [o.name for o in self.config.output]
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
+
+
+@dataclass(slots=True)
+class _Batch:
+    requests: Sequence[InferRequest]
+    rids: list[int]
+    future: asyncio.Future[list[InferResponse | EdgedError | None]]
+    timing: ExecutionTiming
+    sent_ns: int
+
+
+class PythonInstance:
+    def __init__(self, state: ModelState, name: str, kind: str, device_id: int) -> None:
+        self._state = state
+        self._name = name
+        self._kind = kind
+        self._device_id = device_id
+        self._stub: StubProcess | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._healthy = False
+        self._stopping = False
+        self._restart: asyncio.Task[None] | None = None
+        self._batch_ids = itertools.count(1)
+        self._rids = itertools.count(1)
+        self._batches: dict[int, _Batch] = {}
+        self._streams: dict[int, InferRequest] = {}
+        self._bls: dict[int, asyncio.Task[None]] = {}
+        self._has_is_ready = False
+        self._user_ready = True
+        self._ready_asked = 0.0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    # --- starting (load thread, or the restart's worker thread) ---------------------------------------------------
+
+    def spawn(self) -> None:
+        state = self._state
+        try:
+            self._stub = StubProcess(self._name, state.interpreter, state.env, state.shm_size)
+            args = {
+                **state.args,
+                "model_instance_kind": self._kind,
+                "model_instance_name": self._name,
+                "model_instance_device_id": str(self._device_id),
+            }
+            self._stub.send_blocking({**state.init, "args": args})
+        except StubGone as exc:
+            raise self._start_error(f"its stub process {exc}") from None
+
+    def wait_initialized(self) -> None:
+        stub = self._stub
+        assert stub is not None
+        try:
+            reply = stub.receive_blocking(None)
+            while reply["t"] != "init_done":
+                stub_log(self._name, reply)
+                reply = stub.receive_blocking(None)
+        except StubGone as exc:
+            raise self._start_error(f"its stub process {exc} during initialize") from None
+        if not reply.get("ok"):
+            if reply.get("trace"):
+                log.error("%s: initialize failed: %s\n%s", self._name, reply.get("error"), reply.get("trace"))
+            raise EdgedError(ErrorCode.INTERNAL, str(reply.get("error", "initialize failed")))
+        self._has_is_ready = bool(reply.get("has_is_ready"))
+        self._user_ready = bool(reply.get("ready", True))
+        self._healthy = True
+
+    def _start_error(self, detail: str) -> EdgedError:
+        return EdgedError(ErrorCode.INTERNAL, f"unable to start model instance '{self._name}': {detail}")
+
+    def discard(self) -> None:
+        if self._stub is not None:
+            self._stub.kill()
+            self._stub.close(wait=1.0)
+            self._stub = None
+        self._healthy = False
+
+    # --- on the event loop --------------------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        if self._loop is not None or self._stub is None or self._state.host is None:
+            return
+        self._loop = self._state.host.loop
+        self._stub.attach(self._loop, self._on_message, self._on_gone)
+
+    def is_ready(self) -> bool:
+        if not self._healthy:
+            return False
+        if self._has_is_ready and self._loop is not None and self._stub is not None:
+            now = time.monotonic()
+            if now - self._ready_asked > _READY_REFRESH_S:
+                self._ready_asked = now
+                self._stub.send({"t": "is_ready"})
+        return self._user_ready
+
+    def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
+        """From a worker thread: the work is done on the event loop (the stub's socket belongs to it)."""
+        state_host = self._state.host
+        if state_host is None:
+            return [self._error("the python backend serves requests only inside the daemon")] * len(requests)
+        future = asyncio.run_coroutine_threadsafe(self.execute_async(requests, timing), state_host.loop)
+        return [r if r is not None else self._error("no response") for r in future.result()]
+
+    async def execute_async(
+        self, requests: Sequence[InferRequest], timing: ExecutionTiming
+    ) -> list[InferResponse | EdgedError | None]:
+        self.attach()
+        if self._restart is not None and not self._restart.done():
+            await asyncio.shield(self._restart)
+        stub = self._stub
+        if not self._healthy or stub is None or stub.gone:
+            if self._restart is None or self._restart.done():
+                self._start_restart("is not running")
+            return [self._error(f"Stub process '{self._name}' is not healthy.")] * len(requests)
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter_ns()
+        batch_id = next(self._batch_ids)
+        tensors = ipc.TensorWriter()
+        rids: list[int] = []
+        specs: list[ipc.RequestMsg] = []
+        for request in requests:
+            rid = next(self._rids)
+            rids.append(rid)
+            specs.append(self._request_spec(request, rid, tensors))
+        batch = _Batch(requests, rids, loop.create_future(), timing, 0)
+        try:
+            stub.send({"t": "execute", "batch": batch_id, "requests": specs}, tensors)
+        except (ValueError, shm.RingFull) as exc:
+            return [self._error(str(exc))] * len(requests)
+        self._batches[batch_id] = batch
+        for request, rid in zip(requests, rids, strict=True):
+            if request.stream is not None:
+                self._streams[rid] = request
+            request.on_cancel(functools.partial(self._cancel, rid))
+        batch.sent_ns = time.perf_counter_ns()
+        timing.input_ns = batch.sent_ns - started
+        timeout = self._state.settings_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(batch.future), timeout)
+        except TimeoutError:
+            stub.kill(f"did not return from execute within {timeout:g} s and was killed")
+            return await batch.future  # failed by _on_gone once the process is gone
+
+    def _request_spec(self, request: InferRequest, rid: int, tensors: ipc.TensorWriter) -> ipc.RequestMsg:
+        params = request.parameters
+        inputs: list[ipc.TensorDesc] = []
+        for tensor in request.inputs:
+            shape = list(tensor.shape)
+            if tensor.datatype == "BYTES" and tensor.raw is not None:
+                # Already in the binary form the stub reads: no need to serialise the elements again.
+                inputs.append(tensors.add(tensor.name, "BYTES", shape, tensor.raw))
+            else:
+                assert tensor.data is not None  # validation decodes every input
+                inputs.append(tensors.add(tensor.name, tensor.datatype, shape, tensor.data))
+        flags = (1 if params.get("sequence_start") else 0) | (2 if params.get("sequence_end") else 0)
+        timeout = params.get("timeout", 0)
+        sequence_id = params.get("sequence_id", 0)
+        other = {key: value for key, value in params.items() if key not in _RESERVED}
+        return {
+            "rid": rid,
+            "id": request.id,
+            "correlation_id": sequence_id if isinstance(sequence_id, (int, str)) else 0,
+            "flags": flags,
+            "timeout": int(timeout) if isinstance(timeout, (int, float)) else 0,
+            "parameters": json.dumps(other),
+            "inputs": inputs,
+            "outputs": [o.name for o in request.outputs] if request.outputs is not None else self._state.output_names,
+        }
+
+    def _cancel(self, rid: int) -> None:
+        if self._stub is not None and not self._stub.gone and (rid in self._streams or self._in_batch(rid)):
+            self._stub.send({"t": "cancel", "rid": rid})
+
+    def _in_batch(self, rid: int) -> bool:
+        return any(rid in batch.rids for batch in self._batches.values())
+
+    # --- messages from the stub ---------------------------------------------------------------------------------
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind = message["t"]
+        if kind == "execute_done":
+            self._on_execute_done(message)
+        elif kind == "response":
+            self._on_response(message)
+        elif kind == "bls":
+            self._on_bls(message)
+        elif kind == "bls_cancel":
+            task = self._bls.get(int(message["call"]))
+            if task is not None:
+                task.cancel()
+        elif kind == "call":
+            self._on_call(message)
+        elif kind == "log":
+            stub_log(self._name, message)
+        elif kind == "metric":
+            self._state.backend.record_metric(self._name, message)
+        elif kind == "is_ready_done":
+            self._user_ready = bool(message.get("ready"))
+        else:
+            raise ValueError(f"unexpected message '{kind}'")
+
+    def _on_execute_done(self, message: dict[str, Any]) -> None:
+        batch = self._batches.pop(int(message["batch"]), None)
+        if batch is None:
+            return
+        received = time.perf_counter_ns()
+        block = self._stub.consumer.hold(int(message["blk"][1])) if self._stub and "blk" in message else None
+        try:
+            results = self._execute_results(batch, message)
+        finally:
+            if block is not None:
+                block.release()
+        batch.timing.infer_ns = received - batch.sent_ns
+        batch.timing.output_ns = time.perf_counter_ns() - received
+        if not batch.future.done():
+            batch.future.set_result(results)
+
+    def _execute_results(self, batch: _Batch, message: dict[str, Any]) -> list[InferResponse | EdgedError | None]:
+        error = message.get("error")
+        if error is not None:
+            if message.get("trace"):
+                log.error(
+                    "Failed to process the request(s) for model instance '%s', message: %s\n\n%s",
+                    self._name,
+                    error["msg"],
+                    message["trace"],
+                )
+            failure = self._error(str(error["msg"]))
+            if self._state.decoupled:
+                for rid in batch.rids:
+                    self._end_stream(rid, failure)
+            return [failure] * len(batch.requests)
+        if self._state.decoupled:
+            return [None] * len(batch.requests)
+        specs = message.get("responses", [])
+        if len(specs) != len(batch.requests):
+            return [self._error("the stub answered with the wrong number of responses")] * len(batch.requests)
+        return [self._response(request, spec) for request, spec in zip(batch.requests, specs, strict=True)]
+
+    def _response(self, request: InferRequest, spec: ipc.ResponseMsg) -> InferResponse | EdgedError:
+        error = spec.get("error")
+        if error is not None:
+            code = ErrorCode.__members__.get(str(error.get("code")), ErrorCode.INTERNAL)
+            return EdgedError(code, str(error.get("msg", "")))
+        stub = self._stub
+        assert stub is not None
+        outputs: list[InferOutput] = []
+        for desc in spec.get("outputs", []):
+            name, datatype = desc["n"], desc["d"]
+            expected = self._state.output_types.get(name)
+            if expected is None:
+                declared = ", ".join(self._state.output_names)
+                return self._error(
+                    f"output '{name}' is not an output of model '{self._model_name}'; its outputs are: {declared}"
+                )
+            if datatype != expected:
+                return self._error(
+                    f"output '{name}' of model '{self._model_name}' is {datatype}, but the model configuration "
+                    f"declares {_config_type(expected)}"
+                )
+            # Copied out of the stub's ring, which it reuses as soon as this message is read.
+            array = ipc.read_tensor(stub.consumer, desc, copy=True)
+            outputs.append(InferOutput(name, datatype, tuple(array.shape), array))
+        parameters = spec.get("parameters") or {}
+        return InferResponse(request.model_name, str(request.model_version), request.id, outputs, dict(parameters))
+
+    def _on_response(self, message: dict[str, Any]) -> None:
+        rid = int(message["rid"])
+        request = self._streams.get(rid)
+        block = self._stub.consumer.hold(int(message["blk"][1])) if self._stub and "blk" in message else None
+        try:
+            if request is None or request.stream is None:
+                return
+            final = bool(message.get("final"))
+            spec = message.get("response")
+            if spec is None:
+                item = StreamResponse(None, None, final)
+            else:
+                result = self._response(request, spec)
+                item = (
+                    StreamResponse(None, result, final)
+                    if isinstance(result, EdgedError)
+                    else StreamResponse(result, None, final)
+                )
+            request.stream.put(item)
+            if final:
+                del self._streams[rid]
+        finally:
+            if block is not None:
+                block.release()
+
+    def _end_stream(self, rid: int, error: EdgedError) -> None:
+        request = self._streams.pop(rid, None)
+        if request is not None and request.stream is not None:
+            request.stream.put(StreamResponse(None, error, final=True))
+
+    # --- BLS and the model-management calls ---------------------------------------------------------------------
+
+    def _on_bls(self, message: dict[str, Any]) -> None:
+        call = int(message["call"])
+        spec: ipc.RequestMsg = message["request"]
+        stub = self._stub
+        assert stub is not None
+        block = stub.consumer.hold(int(message["blk"][1])) if "blk" in message else None
+        try:
+            inputs = [
+                InferInput(d["n"], d["d"], tuple(d["s"]), ipc.read_tensor(stub.consumer, d, copy=True))
+                for d in spec.get("inputs", [])
+            ]
+        finally:
+            if block is not None:
+                block.release()
+        parameters: dict[str, Any] = json.loads(spec.get("parameters") or "{}")
+        correlation = spec.get("correlation_id", 0)
+        if correlation:
+            parameters["sequence_id"] = correlation
+        flags = int(spec.get("flags", 0))
+        if flags & 1:
+            parameters["sequence_start"] = True
+        if flags & 2:
+            parameters["sequence_end"] = True
+        names = spec.get("outputs", [])
+        request = InferRequest(
+            model_name=str(spec.get("model_name", "")),
+            model_version=int(spec.get("model_version", -1)),
+            id=str(spec.get("id", "")),
+            inputs=inputs,
+            outputs=[RequestedOutput(n) for n in names] if names else None,
+            parameters=parameters,
+        )
+        task = asyncio.ensure_future(self._run_bls(call, request, bool(message.get("decoupled"))))
+        self._bls[call] = task
+        task.add_done_callback(lambda _: self._bls.pop(call, None))
+
+    async def _run_bls(self, call: int, request: InferRequest, decoupled: bool) -> None:
+        server = self._state.host
+        final_sent = False
+        try:
+            if server is None:
+                raise EdgedError(ErrorCode.UNAVAILABLE, "BLS is only available inside the daemon")
+            if decoupled:
+                async for item in server.infer_stream(request):
+                    self._send_bls(call, item.response, item.error, item.final)
+                    final_sent = item.final
+            else:
+                self._send_bls(call, await server.infer(request), None, True)
+                final_sent = True
+        except EdgedError as exc:
+            self._send_bls(call, None, exc, True)
+            final_sent = True
+        except asyncio.CancelledError:
+            self._send_bls(call, None, EdgedError(ErrorCode.CANCELLED, "the BLS request was cancelled"), True)
+            final_sent = True
+        except Exception:
+            log.exception("BLS request from model instance '%s' failed", self._name)
+            self._send_bls(call, None, EdgedError(ErrorCode.INTERNAL, "internal error"), True)
+            final_sent = True
+        if not final_sent:
+            self._send_bls(call, None, None, True)
+
+    def _send_bls(self, call: int, response: InferResponse | None, error: EdgedError | None, final: bool) -> None:
+        stub = self._stub
+        if stub is None or stub.gone:
+            return
+        tensors = ipc.TensorWriter()
+        spec: ipc.ResponseMsg = {}
+        if error is not None:
+            spec["error"] = {"msg": ipc.cut(error.message), "code": error.code.name}
+        elif response is not None:
+            spec["outputs"] = [tensors.add(o.name, o.datatype, list(o.shape), o.data) for o in response.outputs]
+            if response.parameters:
+                spec["parameters"] = dict(response.parameters)
+        try:
+            stub.send({"t": "bls_response", "call": call, "response": spec, "final": final}, tensors)
+        except (ValueError, shm.RingFull) as exc:
+            stub.send(
+                {
+                    "t": "bls_response",
+                    "call": call,
+                    "response": {"error": {"msg": str(exc), "code": "INTERNAL"}},
+                    "final": True,
+                }
+            )
+
+    def _on_call(self, message: dict[str, Any]) -> None:
+        stub = self._stub
+        assert stub is not None
+        call, op, args = int(message["call"]), message.get("op"), message.get("args") or {}
+        reply: dict[str, Any] = {"t": "call_done", "call": call}
+        server = self._state.host
+        if op == "is_model_ready":
+            version = str(args.get("model_version") or "")
+            valid = server is not None and (not version or version.isdigit())
+            number = int(version) if version else -1
+            reply["result"] = bool(
+                valid and server is not None and server.model_ready(str(args.get("model_name")), number)
+            )
+        elif op in ("load_model", "unload_model"):
+            reply["error"] = "explicit model load / unload is not allowed if polling is enabled"
+        else:
+            reply["error"] = f"unknown call '{op}'"
+        stub.send(reply)
+
+    # --- supervision --------------------------------------------------------------------------------------------
+
+    def _on_gone(self) -> None:
+        """The stub's end closed: fail what it had in flight now, find out why, and start a new one."""
+        self._healthy = False
+        if self._stopping:
+            return
+        stub = self._stub
+        assert stub is not None and self._loop is not None
+        self._start_restart(None)
+
+    def _start_restart(self, reason: str | None) -> None:
+        assert self._loop is not None
+        self._restart = self._loop.create_task(self._restart_stub(reason))
+
+    async def _restart_stub(self, reason: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        old = self._stub
+        if old is not None:
+            await loop.run_in_executor(None, old.close, 2.0)
+            reason = reason or old.exit_description()
+        error = self._error(f"Stub process '{self._name}' is not healthy: it {reason}.")
+        self._fail_in_flight(error)
+        log.error("stub process of model instance '%s' %s; restarting it", self._name, reason)
+        self._stub = None
+        if self._stopping:
+            return
+        try:
+            # A restart may take as long as a load: initialize is not bound by the stub timeout.
+            limit = max(self._state.settings_timeout_s, RESTART_TIMEOUT_S)
+            await asyncio.wait_for(loop.run_in_executor(None, self._start_again), limit)
+        except (EdgedError, TimeoutError) as exc:
+            detail = exc.message if isinstance(exc, EdgedError) else "it did not initialize in time"
+            log.error("model instance '%s' could not be restarted: %s", self._name, detail)
+            if self._stub is not None:
+                self._stub.kill()
+                await loop.run_in_executor(None, self._stub.close, 1.0)
+                self._stub = None
+            self._healthy = False
+            return
+        if self._stub is None:
+            return
+        if self._stopping:
+            stub, self._stub = self._stub, None
+            stub.kill()
+            await loop.run_in_executor(None, stub.close, 1.0)
+            return
+        self._stub.attach(loop, self._on_message, self._on_gone)
+        log.info("model instance '%s' is serving again", self._name)
+
+    def _start_again(self) -> None:
+        self.spawn()
+        self.wait_initialized()
+
+    def _fail_in_flight(self, error: EdgedError) -> None:
+        batches, self._batches = self._batches, {}
+        for batch in batches.values():
+            if not batch.future.done():
+                batch.future.set_result([error] * len(batch.requests))
+        for rid in list(self._streams):
+            self._end_stream(rid, error)
+        for task in list(self._bls.values()):
+            task.cancel()
+
+    # --- stopping -----------------------------------------------------------------------------------------------
+
+    def begin_stop(self) -> None:
+        self._stopping = True
+        if self._restart is not None and not self._restart.done():
+            self._restart.cancel()
+        stub = self._stub
+        if stub is None:
+            return
+        self._on_loop(stub.detach)
+        self._fail_in_flight(EdgedError(ErrorCode.UNAVAILABLE, f"model instance '{self._name}' is unloading"))
+        if stub.gone or stub.process.poll() is not None:
+            return
+        with contextlib.suppress(StubGone):
+            stub.send_blocking({"t": "finalize"})
+
+    def end_stop(self) -> None:
+        stub, self._stub = self._stub, None
+        self._healthy = False
+        if stub is None:
+            return
+        deadline = time.monotonic() + self._state.settings_timeout_s
+        try:
+            # Until its answer or its end: what it sent before exiting is still in the socket.
+            while True:
+                reply = stub.receive_blocking(max(deadline - time.monotonic(), 0.001))
+                if reply["t"] == "finalize_done":
+                    break
+                stub_log(self._name, reply)
+        except TimeoutError:
+            stub.kill()
+            log.error(
+                "model instance '%s' did not finalize within %g s and was killed",
+                self._name,
+                self._state.settings_timeout_s,
+            )
+        except (StubGone, ValueError):
+            pass
+        stub.close(wait=self._state.settings_timeout_s)
+
+    def _on_loop(self, function: Any) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            function()
+            return
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                function()
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(run)
+        done.wait(5.0)
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    @property
+    def _model_name(self) -> str:
+        return self._state.args["model_name"]
+
+    def _error(self, detail: str) -> EdgedError:
+        return EdgedError(
+            ErrorCode.INTERNAL, f"Failed to process the request(s) for model instance '{self._name}', message: {detail}"
+        )
+
+
+def _config_type(wire: str) -> str:
+    return "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"

@@ -1,0 +1,600 @@
+"""The stub: one process per model instance, running a Triton Python-backend ``model.py`` for the daemon.
+
+Started by the daemon as ``<python> stub.py <socket fd>`` (never through a shell), with one end of a
+SOCK_SEQPACKET socket pair. The first message says what to do: ``auto_complete`` (run the model's
+auto_complete_config and exit) or ``init`` (import the model, call initialize, then serve).
+
+Threads: the main thread runs the model (initialize, execute, finalize) one call at a time, as Triton's stub
+does. A reader thread takes every message from the daemon as it arrives, so that BLS replies, cancellations and
+is_ready reach the model while execute runs; it also maps tensors out of shared memory in message order, which
+the ring requires. Sending is serialised by one lock, from whichever thread sends (model threads answering
+through a response sender, the logger). A coroutine ``execute`` runs on an event loop of its own thread.
+
+When the daemon goes away (its end of the socket closes) the stub exits at once, whatever the model is doing.
+
+Imports: the standard library, numpy, and the sibling modules of this folder, which is taken off ``sys.path``
+again once they are loaded so that a model's own imports never find them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import edged.backends.python.triton_python_backend_utils as pb_utils
+    from edged.backends.python import ipc, shm
+else:
+    import ipc
+    import shm
+    import triton_python_backend_utils as pb_utils
+
+    # The model sees triton_python_backend_utils (already imported) and nothing else of this folder.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    for _name in ("ipc", "shm"):
+        sys.modules.pop(_name, None)
+
+_LEVELS = {pb_utils.Logger.INFO, pb_utils.Logger.WARNING, pb_utils.Logger.ERROR, pb_utils.Logger.VERBOSE}
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """Triton's form of an exception: ``"Type: message"`` for the client, and the frames (``At:`` lines) for the
+    log. The frames name files, so they never go into a response."""
+    text = str(exc)
+    first = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    # The stub's own frames say nothing about the model.
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.dirname(f.filename) != _HERE]
+    where = "\n".join(f"  {f.filename}({f.lineno}): {f.name}" for f in reversed(frames))
+    return ipc.cut(first), ipc.cut(f"At:\n{where}" if where else "")
+
+
+class Runtime:
+    """The stub's side of the connection, and what triton_python_backend_utils calls into."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._producer = shm.Producer()
+        self._consumer = shm.Consumer()
+        self._work: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._calls: dict[int, Any] = {}
+        self._call_ids = itertools.count(1)
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self._sent = threading.Condition(self._lock)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.model_dir = ""
+        self.decoupled = False
+        self.model: Any = None
+        self.model_name = ""
+        self.output_names: set[str] = set()
+        # Who reads the socket: the main thread while idle, the reader thread while the model runs (busy).
+        self._receiving = threading.Lock()
+        self._busy = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
+        threading.Thread(target=self._reader, name="edged-stub-reader", daemon=True).start()
+
+    # --- messages ---------------------------------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any], tensors: ipc.TensorWriter | None = None) -> None:
+        with self._send_lock:
+            if tensors is not None:
+                block = tensors.commit(self._producer)
+                if block is not None:
+                    message["blk"] = block
+            region = self._producer.pending_region()
+            fds = None
+            if region is not None:
+                message["region"] = region[1]
+                fds = [region[0]]
+            data = ipc.encode(message)
+            try:
+                ipc.send(self._sock, data, fds)
+            except OSError:
+                os._exit(1)  # the daemon has gone
+            if region is not None:
+                self._producer.region_sent()
+
+    def receive(self) -> dict[str, Any]:
+        data, fds = ipc.receive(self._sock)
+        if not data:
+            os._exit(0)  # the daemon has gone: nothing is left to answer
+        message: dict[str, Any] = json.loads(data)
+        size = message.get("region")
+        if size is not None:
+            self._consumer.attach(fds.pop(0), int(size))
+        for fd in fds:
+            os.close(fd)
+        return message
+
+    def _dispatch(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Handle a message at once; returns it when it is work for the main thread (execute, is_ready, finalize).
+        Runs on whichever thread received it, in the order messages came."""
+        kind = message["t"]
+        if kind == "execute":
+            self._prepare_execute(message)
+            return message
+        if kind == "cancel":
+            with self._lock:
+                self._cancelled.add(int(message["rid"]))
+        elif kind == "bls_response":
+            self._bls_response(message)
+        elif kind == "call_done":
+            waiter = self._calls.pop(int(message["call"]), None)
+            if waiter is not None:
+                waiter.put(message)
+        else:
+            return message
+        return None
+
+    def _reader(self) -> None:
+        """Reads the socket while the main thread is busy in the model (which may wait on a BLS reply); the main
+        thread reads it itself when idle, so a request reaches the model without a hand-over between threads."""
+        while True:
+            self._busy.wait()
+            with self._receiving:
+                fd = self._sock.fileno()
+                while self._busy.is_set():
+                    ready, _, _ = select.select([fd, self._wake_read], [], [])
+                    if self._wake_read in ready:
+                        os.read(self._wake_read, 512)
+                    if fd in ready:
+                        work = self._dispatch(self.receive())
+                        if work is not None:
+                            self._work.put(work)
+
+    def _next_work(self) -> dict[str, Any]:
+        while True:
+            try:
+                return self._work.get_nowait()
+            except queue.Empty:
+                pass
+            with self._receiving:
+                # The reader may have queued work while this thread waited for the socket: it only queues while
+                # it holds the socket, so once this thread holds it, an empty queue means nothing is pending.
+                try:
+                    return self._work.get_nowait()
+                except queue.Empty:
+                    pass
+                work = self._dispatch(self.receive())
+            if work is not None:
+                return work
+
+    def busy(self) -> _Busy:
+        """While the model runs: the reader thread takes the messages."""
+        return _Busy(self)
+
+    # --- serving ----------------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while True:
+            message = self._next_work()
+            kind = message["t"]
+            reply: dict[str, Any] = {"t": "finalize_done"}
+            tensors: ipc.TensorWriter | None = None
+            with self.busy():
+                if kind == "execute":
+                    reply, tensors = self._execute(message)
+                elif kind == "is_ready":
+                    reply = {"t": "is_ready_done", "ready": self._is_ready()}
+                elif kind == "finalize":
+                    self._finalize()
+            # Answered once idle again, so that the next request is read by this thread, not handed over.
+            try:
+                self.send(reply, tensors)
+            except (ValueError, shm.RingFull) as exc:
+                self.send(
+                    {"t": reply["t"], "batch": reply.get("batch"), "error": {"msg": str(exc), "code": "INTERNAL"}}
+                )
+            # Outputs may be views of the inputs (an identity model): the inputs' ring space is given back only
+            # once the outputs are written.
+            block: shm.Block | None = message.get("_block")
+            if block is not None:
+                block.release()
+            if kind == "finalize":
+                return
+
+    def _prepare_execute(self, message: dict[str, Any]) -> None:
+        """Map the batch's inputs now, in message order. Decoupled requests may outlive execute, so their inputs
+        are copied and the ring space freed at once; otherwise the model reads them in place until execute ends."""
+        block = self._consumer.hold(int(message["blk"][1])) if "blk" in message else None
+        copy = self.decoupled
+        requests = []
+        for spec in message["requests"]:
+            inputs = [
+                pb_utils.Tensor._from_wire(d["n"], d["d"], ipc.read_tensor(self._consumer, d, copy=copy))
+                for d in spec["inputs"]
+            ]
+            request = pb_utils.InferenceRequest(
+                request_id=spec.get("id", ""),
+                correlation_id=spec.get("correlation_id", 0),
+                inputs=inputs,
+                requested_output_names=spec.get("outputs", []),
+                model_name=self.model_name,
+                flags=int(spec.get("flags", 0)),
+                timeout=int(spec.get("timeout", 0)),
+                parameters=spec.get("parameters", "{}"),
+            )
+            request._rid = int(spec["rid"])
+            requests.append(request)
+        message["_requests"] = requests
+        if block is not None and copy:
+            block.release()
+            block = None
+        message["_block"] = block
+
+    def _execute(self, message: dict[str, Any]) -> tuple[dict[str, Any], ipc.TensorWriter | None]:
+        requests: list[pb_utils.InferenceRequest] = message["_requests"]
+        reply: dict[str, Any] = {"t": "execute_done", "batch": message["batch"]}
+        tensors: ipc.TensorWriter | None = None
+        try:
+            result = self.model.execute(requests)
+            if inspect.isawaitable(result):
+                if self.decoupled:
+                    # As Triton: a decoupled coroutine runs on in the background; execute has returned.
+                    future = asyncio.run_coroutine_threadsafe(_awaited(result), self._event_loop())
+                    future.add_done_callback(lambda f: self._background_done(f, requests))
+                    result = None
+                else:
+                    result = asyncio.run_coroutine_threadsafe(_awaited(result), self._event_loop()).result()
+            if self.decoupled:
+                if result is not None:
+                    raise pb_utils.TritonModelException(
+                        f"Python model '{self.model_name}' is using the decoupled mode and the execute function "
+                        "must return None."
+                    )
+            else:
+                tensors = ipc.TensorWriter()
+                reply["responses"] = self._responses(requests, result, tensors)
+        except Exception as exc:
+            message_text, frames = describe(exc)
+            reply["error"] = {"msg": message_text, "code": "INTERNAL"}
+            reply["trace"] = frames
+            tensors = None
+        return reply, tensors
+
+    def _responses(
+        self, requests: list[pb_utils.InferenceRequest], result: Any, tensors: ipc.TensorWriter
+    ) -> list[ipc.ResponseMsg]:
+        if result is None:
+            # Default mode may answer through the response senders instead (one response and FINAL each).
+            with self._sent:
+                while not all(r._sender is not None and r._sender._is_closed() for r in requests):
+                    if not self._sent.wait(timeout=1.0) and all(r._sender is None for r in requests):
+                        raise pb_utils.TritonModelException(
+                            "Expected a list in the execute return, found type '<class 'NoneType'>'."
+                        )
+            result = [r._sent_response for r in requests]
+        if not isinstance(result, list):
+            raise pb_utils.TritonModelException(f"Expected a list in the execute return, found type '{type(result)}'.")
+        if len(result) != len(requests):
+            raise pb_utils.TritonModelException(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n"
+            )
+        for response in result:
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise pb_utils.TritonModelException(
+                    "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                    f"'{type(response)}'."
+                )
+        return [self._response(r, tensors, q.requested_output_names()) for r, q in zip(result, requests, strict=True)]
+
+    def _response(
+        self, response: pb_utils.InferenceResponse, tensors: ipc.TensorWriter, wanted: list[str] | None = None
+    ) -> ipc.ResponseMsg:
+        out: ipc.ResponseMsg = {}
+        error = response.error()
+        if error is not None:
+            out["error"] = {"msg": ipc.cut(error.message()), "code": pb_utils._code_name(error.code())}
+            return out
+        descs: list[ipc.TensorDesc] = []
+        for tensor in response.output_tensors():
+            if not isinstance(tensor, pb_utils.Tensor):
+                raise pb_utils.TritonModelException(
+                    f"output_tensors must hold pb_utils.Tensor objects, found type '{type(tensor)}'"
+                )
+            if wanted and tensor.name() not in wanted and tensor.name() in self.output_names:
+                # Pruned, as Triton does, to the outputs the request asked for; a name the model does not declare
+                # goes on, for the daemon to report.
+                continue
+            array = tensor._array
+            descs.append(tensors.add(tensor.name(), tensor._wire_datatype(), list(array.shape), array))
+        out["outputs"] = descs
+        if response._parameters:
+            out["parameters"] = response._parameters
+        return out
+
+    def _background_done(self, future: Any, requests: list[pb_utils.InferenceRequest]) -> None:
+        exc = future.exception()
+        if exc is None:
+            return
+        message_text, frames = describe(exc)
+        self.log(pb_utils.Logger.ERROR, f"{message_text}\n{frames}")
+        for request in requests:
+            sender = request._sender or request.get_response_sender()
+            if not sender._is_closed():
+                with contextlib.suppress(pb_utils.TritonModelException):
+                    sender.send(
+                        pb_utils.InferenceResponse(error=pb_utils.TritonError(message_text)),
+                        pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                    )
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="edged-stub-asyncio", daemon=True).start()
+            self._loop = loop
+        return self._loop
+
+    def _is_ready(self) -> bool:
+        check = getattr(self.model, "is_ready", None)
+        if check is None:
+            return True
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = asyncio.run_coroutine_threadsafe(_awaited(result), self._event_loop()).result()
+            return bool(result)
+        except Exception as exc:
+            message_text, frames = describe(exc)
+            self.log(pb_utils.Logger.ERROR, f"is_ready failed: {message_text}\n{frames}")
+            return False
+
+    def _finalize(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is None:
+            return
+        try:
+            result = finalize()
+            if inspect.isawaitable(result):
+                asyncio.run_coroutine_threadsafe(_awaited(result), self._event_loop()).result()
+        except Exception as exc:
+            message_text, frames = describe(exc)
+            self.log(pb_utils.Logger.ERROR, f"finalize failed: {message_text}\n{frames}")
+
+    # --- what triton_python_backend_utils calls -----------------------------------------------------------------
+
+    def log(self, level: int, message: str) -> None:
+        self.send({"t": "log", "level": level if level in _LEVELS else pb_utils.Logger.INFO, "msg": ipc.cut(message)})
+
+    def is_cancelled(self, request: pb_utils.InferenceRequest) -> bool:
+        return request._rid in self._cancelled
+
+    def send_response(
+        self, request: pb_utils.InferenceRequest, response: pb_utils.InferenceResponse | None, flags: int
+    ) -> None:
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if not self.decoupled:
+            # Default mode: the one response is returned with the batch, as if execute had returned it.
+            with self._sent:
+                if response is not None:
+                    request._sent_response = response
+                self._sent.notify_all()
+            return
+        message: dict[str, Any] = {"t": "response", "rid": request._rid, "final": final}
+        tensors = None
+        if response is not None:
+            tensors = ipc.TensorWriter()
+            message["response"] = self._response(response, tensors, request.requested_output_names())
+        self.send(message, tensors)
+        if final:
+            with self._lock:
+                self._cancelled.discard(request._rid)
+
+    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        call = next(self._call_ids)
+        tensors = ipc.TensorWriter()
+        inputs = []
+        for tensor in request.inputs():
+            if not isinstance(tensor, pb_utils.Tensor):
+                raise pb_utils.TritonModelException("inputs must hold pb_utils.Tensor objects")
+            array = tensor._array
+            inputs.append(tensors.add(tensor.name(), tensor._wire_datatype(), list(array.shape), array))
+        spec: ipc.RequestMsg = {
+            "id": request.request_id(),
+            "correlation_id": request.correlation_id(),
+            "flags": request.flags(),
+            "timeout": request.timeout(),
+            "parameters": request.parameters(),
+            "inputs": inputs,
+            "outputs": request.requested_output_names(),
+            "model_name": request._model_name,
+            "model_version": request._model_version,
+        }
+        waiter: Any = pb_utils.ResponseIterator(call) if decoupled else queue.SimpleQueue()
+        self._calls[call] = waiter
+        self.send({"t": "bls", "call": call, "decoupled": decoupled, "request": spec}, tensors)
+        if decoupled:
+            return waiter
+        response: pb_utils.InferenceResponse = waiter.get()
+        return response
+
+    def _bls_response(self, message: dict[str, Any]) -> None:
+        call = int(message["call"])
+        block = self._consumer.hold(int(message["blk"][1])) if "blk" in message else None
+        try:
+            spec: ipc.ResponseMsg = message.get("response") or ipc.ResponseMsg()
+            error = spec.get("error")
+            if error is not None:
+                response = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(error["msg"], pb_utils._code_value(error["code"]))
+                )
+            else:
+                outputs = [
+                    pb_utils.Tensor._from_wire(d["n"], d["d"], ipc.read_tensor(self._consumer, d, copy=True))
+                    for d in spec.get("outputs", [])
+                ]
+                response = pb_utils.InferenceResponse(outputs, parameters=spec.get("parameters"))
+        finally:
+            if block is not None:
+                block.release()
+        final = bool(message.get("final", True))
+        waiter = self._calls.get(call)
+        if waiter is None:
+            return
+        if isinstance(waiter, pb_utils.ResponseIterator):
+            waiter._put(response, final)
+        else:
+            waiter.put(response)
+        if final:
+            self._calls.pop(call, None)
+
+    def cancel_bls(self, call: int) -> None:
+        self.send({"t": "bls_cancel", "call": call})
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        call = next(self._call_ids)
+        waiter: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._calls[call] = waiter
+        self.send({"t": "call", "call": call, "op": op, "args": args})
+        reply = waiter.get()
+        if "error" in reply:
+            raise pb_utils.TritonModelException(reply["error"])
+        return reply.get("result")
+
+    def metric(self, message: dict[str, Any]) -> None:
+        self.send({"t": "metric", **message})
+
+
+class _Busy:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def __enter__(self) -> None:
+        self._runtime._busy.set()
+
+    def __exit__(self, *_: object) -> None:
+        self._runtime._busy.clear()
+        os.write(self._runtime._wake_write, b"x")  # the reader leaves the socket to the main thread
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def load_model_module(model_file: str, paths: list[str]) -> ModuleType:
+    """Import model.py as the module ``model``, with its version and model folders on the import path (appended,
+    as Triton appends them)."""
+    for path in paths:
+        if path not in sys.path:
+            sys.path.append(path)
+    spec = importlib.util.spec_from_file_location("model", model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"unable to load '{os.path.basename(model_file)}'")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _model_class(module: ModuleType, model_file: str) -> Any:
+    cls = getattr(module, "TritonPythonModel", None)
+    if cls is None:
+        raise AttributeError(f"Python model file '{os.path.basename(model_file)}' does not define TritonPythonModel")
+    return cls
+
+
+def auto_complete(runtime: Runtime, message: dict[str, Any]) -> None:
+    runtime.model_dir = message["model_dir"]
+    try:
+        module = load_model_module(message["model_file"], message["paths"])
+        cls = _model_class(module, message["model_file"])
+        config_json = message["config"]
+        function = getattr(cls, "auto_complete_config", None)
+        if function is not None:
+            result = function(pb_utils.ModelConfig(config_json))
+            if not isinstance(result, pb_utils.ModelConfig):
+                raise pb_utils.TritonModelException(
+                    f"auto_complete_config function in model '{message['model_name']}' must return a valid "
+                    "pb_utils.ModelConfig object"
+                )
+            config_json = json.dumps(result.as_dict())
+        runtime.send({"t": "auto_complete_done", "config": config_json})
+    except Exception as exc:
+        message_text, frames = describe(exc)
+        runtime.send({"t": "auto_complete_done", "error": message_text, "trace": frames})
+
+
+def initialize(runtime: Runtime, message: dict[str, Any]) -> bool:
+    runtime.model_dir = message["model_dir"]
+    runtime.decoupled = bool(message.get("decoupled", False))
+    runtime.model_name = message["args"]["model_name"]
+    runtime.output_names = set(message.get("outputs", []))
+    try:
+        module = load_model_module(message["model_file"], message["paths"])
+        model = _model_class(module, message["model_file"])()
+        if not callable(getattr(model, "execute", None)):
+            raise AttributeError(f"Python model '{runtime.model_name}' does not implement `execute` method.")
+        runtime.model = model
+        init = getattr(model, "initialize", None)
+        if init is not None:
+            with runtime.busy():
+                result = init(dict(message["args"]))
+                if inspect.isawaitable(result):
+                    asyncio.run_coroutine_threadsafe(_awaited(result), runtime._event_loop()).result()
+    except Exception as exc:
+        message_text, frames = describe(exc)
+        runtime.send({"t": "init_done", "ok": False, "error": message_text, "trace": frames})
+        return False
+    has_is_ready = hasattr(runtime.model, "is_ready")
+    ready = runtime._is_ready() if has_is_ready else True
+    runtime.send({"t": "init_done", "ok": True, "has_is_ready": has_is_ready, "ready": ready})
+    return True
+
+
+def _report_uncaught(kind: type[BaseException], exc: BaseException, _tb: Any) -> None:
+    if issubclass(kind, (KeyboardInterrupt, SystemExit)):
+        return
+    message_text, frames = describe(exc)
+    if pb_utils._runtime is not None:
+        pb_utils._runtime.log(pb_utils.Logger.ERROR, f"uncaught exception: {message_text}\n{frames}")
+
+
+def main() -> int:
+    # The daemon decides when a stub stops (finalize, or the end of its socket). Signals meant for the daemon (a
+    # terminal's Ctrl-C, systemd's SIGTERM to the whole unit) reach the stubs too and must not cut finalize short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    sock.setblocking(True)
+    runtime = Runtime(sock)
+    pb_utils._runtime = runtime
+    # Uncaught exceptions in model threads go to the daemon's log in Triton's form, not to stderr.
+    threading.excepthook = lambda args: _report_uncaught(args.exc_type, args.exc_value or Exception(), None)
+    message = runtime.receive()
+    if message["t"] == "auto_complete":
+        auto_complete(runtime, message)
+        return 0
+    if not initialize(runtime, message):
+        return 1
+    runtime.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except SystemExit as exc:  # sys.exit() in the model: the stub ends with its status, as the model asked
+        code = exc.code if isinstance(exc.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Model threads that are still running must not keep the process after finalize.
+    os._exit(code)

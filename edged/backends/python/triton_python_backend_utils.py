@@ -1,0 +1,812 @@
+"""``import triton_python_backend_utils as pb_utils``: the module Triton Python-backend models are written against.
+
+The stub process puts this file on the model's import path. Everything a model.py may call is here, with Triton's
+names, signatures and behaviour; what Triton implements in C++ (Tensor, InferenceRequest, the response sender,
+BLS, the logger, metrics) talks to the daemon through the stub's runtime (``_runtime``), which the stub sets
+before it imports the model. Imported outside a stub (a model's own unit tests), the pure parts still work and
+the logger prints to stderr.
+
+This module is loaded by the stub interpreter, which may be a model's own Python environment: it uses the
+standard library and numpy only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_GPU = 0
+TRITONSERVER_MEMORY_CPU = 1
+_MEMORY_DEFAULT = 2
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+# TRITONSERVER_DataType values and the wire names they travel as.
+_TYPE_BYTES = 13
+_TYPE_BF16 = 14
+_WIRE_BY_TRITON_TYPE: dict[int, str] = {
+    1: "BOOL",
+    2: "UINT8",
+    3: "UINT16",
+    4: "UINT32",
+    5: "UINT64",
+    6: "INT8",
+    7: "INT16",
+    8: "INT32",
+    9: "INT64",
+    10: "FP16",
+    11: "FP32",
+    12: "FP64",
+    13: "BYTES",
+    14: "BF16",
+}
+_TRITON_TYPE_BY_WIRE: dict[str, int] = {wire: code for code, wire in _WIRE_BY_TRITON_TYPE.items()}
+_NUMPY_BY_TRITON_TYPE: dict[int, Any] = {
+    1: np.bool_,
+    2: np.uint8,
+    3: np.uint16,
+    4: np.uint32,
+    5: np.uint64,
+    6: np.int8,
+    7: np.int16,
+    8: np.int32,
+    9: np.int64,
+    10: np.float16,
+    11: np.float32,
+    12: np.float64,
+    13: np.object_,
+}
+_LENGTH = struct.Struct("<I")
+
+
+class _Runtime(Protocol):
+    """What the stub provides to this module."""
+
+    model_dir: str
+
+    def log(self, level: int, message: str) -> None: ...
+
+    def send_response(self, request: InferenceRequest, response: InferenceResponse | None, flags: int) -> None: ...
+
+    def is_cancelled(self, request: InferenceRequest) -> bool: ...
+
+    def bls(self, request: InferenceRequest, decoupled: bool) -> InferenceResponse | ResponseIterator: ...
+
+    def cancel_bls(self, call: int) -> None: ...
+
+    def call(self, op: str, args: dict[str, Any]) -> Any: ...
+
+    def metric(self, message: dict[str, Any]) -> None: ...
+
+
+_runtime: _Runtime | None = None
+
+
+def _require_runtime(what: str) -> _Runtime:
+    if _runtime is None:
+        raise TritonModelException(f"{what} is only available inside a model served by the Python backend")
+    return _runtime
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+
+class TritonError:
+    """An error for a response: ``TritonError(message, code=TritonError.INTERNAL)``."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, {self._code})"
+
+
+_CODE_NAMES = (
+    "UNKNOWN",
+    "INTERNAL",
+    "NOT_FOUND",
+    "INVALID_ARG",
+    "UNAVAILABLE",
+    "UNSUPPORTED",
+    "ALREADY_EXISTS",
+    "CANCELLED",
+)
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAMES[code] if 0 <= code < len(_CODE_NAMES) else "INTERNAL"
+
+
+def _code_value(name: str) -> int:
+    return _CODE_NAMES.index(name) if name in _CODE_NAMES else TritonError.INTERNAL
+
+
+class TritonModelException(Exception):
+    """Raised by the backend's API on misuse or failure; a model may raise it too."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self._message = message
+
+    def message(self) -> str:
+        return self._message
+
+
+# --- tensors ------------------------------------------------------------------------------------------------
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray[Any, Any]) -> Any:
+    """The length-prefixed binary form of a BYTES array; ``()`` when empty, None for other dtypes."""
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype == np.object_ or input_tensor.dtype.type == np.bytes_:
+        parts: list[bytes] = []
+        for item in input_tensor.reshape(-1, order="C"):
+            data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+            parts.append(_LENGTH.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    return None
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray[Any, Any]:
+    """The elements of a length-prefixed BYTES buffer as a 1-D object array of bytes."""
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(encoded_tensor):
+        (length,) = _LENGTH.unpack_from(encoded_tensor, offset)
+        offset += 4
+        items.append(bytes(encoded_tensor[offset : offset + length]))
+        offset += length
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = items
+    return out
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _NUMPY_BY_TRITON_TYPE.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    try:
+        dtype = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dtype.kind in "OS":
+        return _TYPE_BYTES
+    for code, numpy_type in _NUMPY_BY_TRITON_TYPE.items():
+        if code != _TYPE_BYTES and dtype == np.dtype(numpy_type):
+            return code
+    return None
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+class Tensor:
+    """A named tensor: ``Tensor(name, numpy_array)``. Object and bytes arrays are BYTES tensors."""
+
+    __slots__ = ("_array", "_name", "_type")
+
+    def __init__(self, name: str, data: Any) -> None:
+        if not isinstance(name, str):
+            raise TypeError("Tensor name must be a str")
+        array = data if isinstance(data, np.ndarray) else np.asarray(data)
+        if array.dtype.kind == "U":
+            array = array.astype(np.object_)
+        triton_type = numpy_to_triton_type(array.dtype)
+        if triton_type is None:
+            raise TritonModelException(
+                f"Tensor dtype '{array.dtype}' used for '{name}' is not supported by the Python backend"
+            )
+        self._name = name
+        self._array = array
+        self._type = triton_type
+
+    @classmethod
+    def _from_wire(cls, name: str, datatype: str, array: np.ndarray[Any, Any]) -> Tensor:
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._type = _TRITON_TYPE_BY_WIRE[datatype]
+        return tensor
+
+    def _wire_datatype(self) -> str:
+        return _WIRE_BY_TRITON_TYPE[self._type]
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray[Any, Any]:
+        if self._type == _TYPE_BF16:
+            raise TritonModelException(
+                f"tensor '{self._name}' is BF16, which numpy cannot hold: use to_dlpack() or Tensor.from_dlpack()"
+            )
+        return self._array
+
+    def triton_dtype(self) -> int:
+        return self._type
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        if self._type == _TYPE_BYTES:
+            raise TritonModelException(f"tensor '{self._name}' is BYTES, which DLPack cannot describe")
+        if self._type == _TYPE_BF16:
+            raise TritonModelException(f"DLPack export of the BF16 tensor '{self._name}' is not supported")
+        return np.ascontiguousarray(self._array).__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+        """A tensor from a DLPack capsule or any object with ``__dlpack__`` (CPU memory, C-contiguous)."""
+        if isinstance(dlpack_tensor, Tensor):
+            # Another pb_utils tensor (BF16 included): share its data.
+            return Tensor._from_wire(name, dlpack_tensor._wire_datatype(), dlpack_tensor._array)
+        source = dlpack_tensor if hasattr(dlpack_tensor, "__dlpack__") else _Capsule(dlpack_tensor)
+        try:
+            array = np.from_dlpack(source)
+        except (TypeError, BufferError, RuntimeError) as exc:
+            raise TritonModelException(f"unable to read DLPack tensor for '{name}': {exc}") from None
+        if not array.flags.c_contiguous:
+            raise TritonModelException(f"DLPack tensor for '{name}' must be C-contiguous")
+        return Tensor(name, array)
+
+
+class _Capsule:
+    """Lets numpy import a bare DLPack capsule, which it only takes through ``__dlpack__``."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for properties in model_config.get("input", []):
+        if properties["name"] == name:
+            return dict(properties)
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for properties in model_config.get("output", []):
+        if properties["name"] == name:
+            return dict(properties)
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    policy = model_config.get("model_transaction_policy")
+    return bool(policy.get("decoupled", False)) if policy else False
+
+
+# --- requests and responses ---------------------------------------------------------------------------------
+
+
+class PreferredMemory:
+    def __init__(self, preferred_memory_type: int = _MEMORY_DEFAULT, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class InferenceTrace:
+    """Tracing is not recorded by this server: a request's trace has no context."""
+
+    def get_context(self, mode: str = "") -> str | None:
+        return None
+
+
+class InferenceRequest:
+    """A request given to ``execute``, or one a model builds to call another model (BLS)."""
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        model_name: str | None = None,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        if inputs is None or requested_output_names is None or model_name is None:
+            raise TritonModelException(
+                "'inputs', 'requested_output_names' and 'model_name' must be given to create an InferenceRequest"
+            )
+        if isinstance(parameters, str):
+            parameters_json = parameters
+        else:
+            for key, value in (parameters or {}).items():
+                if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
+                    raise TritonModelException("request parameters must map str to bool, int or str")
+            parameters_json = json.dumps(parameters or {})
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs)
+        self._outputs = list(requested_output_names)
+        self._model_name = model_name
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = parameters_json
+        self._trace = trace or InferenceTrace()
+        self._preferred_memory = preferred_memory or PreferredMemory()
+        self._rid = -1  # the daemon's key; -1 for a request built by the model
+        self._sender: InferenceResponseSender | None = None
+        self._sent_response: InferenceResponse | None = None  # default mode answering through the sender
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._outputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._rid < 0:
+            raise TritonModelException("only a request given to execute has a response sender")
+        if self._sender is None:
+            self._sender = InferenceResponseSender(self)
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        if self._rid < 0 or _runtime is None:
+            return False
+        return _runtime.is_cancelled(self)
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "request rescheduling needs sequence_batching with iterative_sequence, which this server does not run"
+            )
+        self._release_flags = flags
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on another model of the server and wait for the response (a ResponseIterator of every
+        response when ``decoupled``). Failures come back as a response with an error, never as an exception."""
+        return _require_runtime("BLS").bls(self, decoupled)
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
+        """``exec`` without blocking the model's event loop: await the result."""
+        return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
+
+
+class InferenceResponse:
+    """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``."""
+
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        tensors = [] if output_tensors is None else output_tensors
+        if not isinstance(tensors, list):
+            raise TritonModelException('"output_tensors" must be a list.')
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException('"error" must be a TritonError.')
+        parsed = json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
+        for key, value in parsed.items():
+            if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
+                raise TritonModelException("response parameters must map str to bool, int or str")
+        self._tensors = tensors
+        self._error = error
+        self._parameters: dict[str, Any] = parsed
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """Sends a request's responses as they are ready; the last send carries TRITONSERVER_RESPONSE_COMPLETE_FINAL."""
+
+    def __init__(self, request: InferenceRequest) -> None:
+        self._request = request
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException("send() takes an InferenceResponse")
+        if response is None and flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero"
+            )
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._closed = True
+        _require_runtime("the response sender").send_response(self._request, response, flags)
+
+    def is_cancelled(self) -> bool:
+        return self._request.is_cancelled()
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call, in order; the last one (possibly empty) ends the iteration."""
+
+    _END = object()
+
+    def __init__(self, call: int) -> None:
+        self._call = call
+        self._items: Any = __import__("queue").SimpleQueue()
+        self._done = False
+
+    def _put(self, response: InferenceResponse, final: bool) -> None:
+        self._items.put(response)
+        if final:
+            self._items.put(self._END)
+
+    def __iter__(self) -> Iterator[InferenceResponse]:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        item = self._items.get()
+        if item is self._END:
+            self._done = True
+            raise StopIteration
+        response: InferenceResponse = item
+        return response
+
+    def cancel(self) -> None:
+        if not self._done and _runtime is not None:
+            _runtime.cancel_bls(self._call)
+
+
+# --- logging ------------------------------------------------------------------------------------------------
+
+
+class Logger:
+    """Messages to the server's log, at Triton's levels."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+    @staticmethod
+    def log(message: str, level: int = INFO) -> None:
+        if _runtime is None:
+            print(message, file=sys.stderr)
+            return
+        _runtime.log(level, str(message))
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger.log(message, Logger.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger.log(message, Logger.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger.log(message, Logger.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger.log(message, Logger.VERBOSE)
+
+
+# --- custom metrics -----------------------------------------------------------------------------------------
+
+
+class MetricFamily:
+    """``MetricFamily(name, description, kind)``; its ``Metric(labels, buckets)`` are the labelled series."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    _ids = 0
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
+            raise TritonModelException(f"unknown metric kind {kind}")
+        MetricFamily._ids += 1
+        self._id = MetricFamily._ids
+        self.name = name
+        self.description = description
+        self.kind = kind
+        if _runtime is not None:
+            _runtime.metric(
+                {"op": "family", "family": self._id, "name": name, "description": description, "kind": kind}
+            )
+
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
+        return Metric(self, labels or {}, buckets)
+
+
+class Metric:
+    _ids = 0
+
+    def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: list[float] | None) -> None:
+        if family.kind == MetricFamily.HISTOGRAM and not buckets:
+            raise TritonModelException("a histogram metric needs buckets")
+        if family.kind != MetricFamily.HISTOGRAM and buckets:
+            raise TritonModelException("only a histogram metric takes buckets")
+        Metric._ids += 1
+        self._id = Metric._ids
+        self._family = family
+        self._value = 0.0
+        self._lock = threading.Lock()
+        if _runtime is not None:
+            _runtime.metric(
+                {"op": "metric", "family": family._id, "metric": self._id, "labels": labels, "buckets": buckets}
+            )
+
+    def _update(self, op: str, value: float) -> None:
+        if _runtime is not None:
+            _runtime.metric({"op": op, "metric": self._id, "value": value})
+
+    def increment(self, value: float) -> None:
+        if self._family.kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("increment() is not defined for a histogram")
+        if self._family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter cannot be decremented")
+        with self._lock:
+            self._value += value
+        self._update("increment", value)
+
+    def set(self, value: float) -> None:
+        if self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("set() is only defined for a gauge")
+        with self._lock:
+            self._value = value
+        self._update("set", value)
+
+    def observe(self, value: float) -> None:
+        if self._family.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe() is only defined for a histogram")
+        with self._lock:
+            self._value += value
+        self._update("observe", value)
+
+    def value(self) -> float:
+        """The counter's or gauge's value; for a histogram, the sum of what it observed."""
+        return self._value
+
+
+# --- model management ---------------------------------------------------------------------------------------
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    _require_runtime("load_model").call(
+        "load_model", {"model_name": model_name, "config": config, "files": sorted(files or {})}
+    )
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    _require_runtime("unload_model").call(
+        "unload_model", {"model_name": model_name, "unload_dependents": unload_dependents}
+    )
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    return bool(
+        _require_runtime("is_model_ready").call(
+            "is_model_ready", {"model_name": model_name, "model_version": str(model_version)}
+        )
+    )
+
+
+def get_model_dir() -> str:
+    return _require_runtime("get_model_dir").model_dir
+
+
+# --- auto-complete ------------------------------------------------------------------------------------------
+
+
+class ModelConfig:
+    """The model's configuration as auto_complete_config sees it; ``as_dict()`` reads it, the setters change it."""
+
+    def __init__(self, model_config: str) -> None:
+        self._model_config: dict[str, Any] = json.loads(model_config)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def _name(self) -> str:
+        return str(self._model_config["name"])
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = self._model_config["max_batch_size"]
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config function for model "
+                f"'{self._name()}' specified max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for found in ("sequence_batching", "ensemble_scheduling"):
+            if found in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{found}', but auto-complete-config function for "
+                    f"model '{self._name()}' tries to set scheduling_choice as 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        self._add_tensor("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add_tensor("output", output, ("name", "data_type", "dims"))
+
+    def _add_tensor(self, kind: str, tensor: dict[str, Any], valid: tuple[str, ...]) -> None:
+        model = self._name()
+        for key in tensor:
+            if key not in valid:
+                allowed = ", ".join(f"'{v}'" for v in valid[:-1]) + f" and '{valid[-1]}'"
+                raise ValueError(
+                    f"{kind} '{tensor.get('name')}' in auto-complete-config function for model '{model}' contains "
+                    f"property other than {allowed}."
+                )
+        if "name" not in tensor:
+            raise ValueError(f"{kind} in auto-complete-config function for model '{model}' is missing 'name' property.")
+        for key in ("data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(
+                    f"{kind} '{tensor['name']}' in auto-complete-config function for model '{model}' is missing "
+                    f"'{key}' property."
+                )
+        entries: list[dict[str, Any]] = self._model_config.setdefault(kind, [])
+        for current in entries:
+            if current["name"] != tensor["name"]:
+                continue
+            if current.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID", tensor["data_type"]):
+                raise ValueError(
+                    f"unable to load model '{model}', configuration expects datatype {current['data_type']} for "
+                    f"{kind} '{tensor['name']}', model provides {tensor['data_type']}"
+                )
+            if current.get("dims") and list(current["dims"]) != list(tensor["dims"]):
+                raise ValueError(
+                    f"model '{model}', tensor '{tensor['name']}': the model expects dims {tensor['dims']} but the "
+                    f"model configuration specifies dims {current['dims']}"
+                )
+            if "optional" in current and "optional" in tensor and current["optional"] != tensor["optional"]:
+                raise ValueError(
+                    f"model '{model}', tensor '{tensor['name']}': the model expects optional {tensor['optional']} "
+                    f"but the model configuration specifies optional {current['optional']}"
+                )
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = tensor["dims"]
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
+            return
+        entries.append(dict(tensor))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        model = self._name()
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model '{model}' contains "
+                    "property other than 'decoupled'."
+                )
+        policy: dict[str, Any] = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model '{model}', which is "
+                    f"already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = wanted

@@ -1,0 +1,155 @@
+"""The parts of the Python backend that need no daemon: triton_python_backend_utils as a model sees it outside a
+stub, and the shared-memory rings (growth, reuse, releases out of order)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+import edged.backends.python.triton_python_backend_utils as pb_utils
+from edged.backends.python import ipc, shm
+
+
+def _config(**extra: Any) -> pb_utils.ModelConfig:
+    return pb_utils.ModelConfig(json.dumps({"name": "m", "max_batch_size": 0, "input": [], "output": [], **extra}))
+
+
+def test_model_config_adds_and_merges_tensors() -> None:
+    config = _config(input=[{"name": "A", "data_type": "TYPE_INVALID", "dims": [], "optional": False}])
+    config.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [4]})
+    config.add_input({"name": "B", "data_type": "TYPE_INT8", "dims": [2], "optional": True})
+    config.add_output({"name": "C", "data_type": "TYPE_STRING", "dims": [-1]})
+    config.set_max_batch_size(8)
+    config.set_dynamic_batching()
+    config.set_model_transaction_policy({"decoupled": True})
+    data = config.as_dict()
+    assert data["input"][0] == {"name": "A", "data_type": "TYPE_FP32", "dims": [4], "optional": False}
+    assert data["input"][1]["optional"] is True
+    assert data["max_batch_size"] == 8 and data["dynamic_batching"] == {}
+    assert pb_utils.using_decoupled_model_transaction_policy(data)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda c: c.add_input({"name": "X", "dims": [1]}), "is missing 'data_type' property"),
+        (lambda c: c.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [1], "shape": 1}), "contains property"),
+        (lambda c: c.add_output({"name": "A", "data_type": "TYPE_FP32", "dims": [1], "optional": True}), "contains"),
+        (lambda c: c.add_input({"name": "A", "data_type": "TYPE_INT32", "dims": [4]}), "expects datatype TYPE_FP32"),
+        (lambda c: c.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [5]}), "expects dims [5]"),
+        (lambda c: c.set_max_batch_size(2), "configuration specified max_batch_size 4"),
+        (lambda c: c.set_model_transaction_policy({"decoupled": True, "x": 1}), "other than 'decoupled'"),
+    ],
+)
+def test_model_config_refuses_conflicts(call: Any, message: str) -> None:
+    config = _config(max_batch_size=4, input=[{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}])
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        call(config)
+
+
+def test_type_helpers_follow_triton() -> None:
+    assert pb_utils.triton_string_to_numpy("TYPE_FP16") is np.float16
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    assert pb_utils.numpy_to_triton_type(np.float32) == 11
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == 13
+    assert pb_utils.triton_to_numpy_type(1) is np.bool_
+    elements = np.array([b"ab", "c", b""], dtype=np.object_)
+    serialized = pb_utils.serialize_byte_tensor(elements)
+    assert serialized == b"\x02\x00\x00\x00ab\x01\x00\x00\x00c\x00\x00\x00\x00"
+    assert list(pb_utils.deserialize_bytes_tensor(serialized)) == [b"ab", b"c", b""]
+    assert pb_utils.serialize_byte_tensor(np.array([], dtype=np.object_)) == ()
+    assert pb_utils.serialize_byte_tensor(np.zeros(2)) is None
+
+
+def test_tensor_dlpack_round_trip_and_errors() -> None:
+    array = np.arange(6, dtype=np.int16).reshape(2, 3)
+    tensor = pb_utils.Tensor("T", array)
+    assert tensor.triton_dtype() == 7 and tensor.shape() == [2, 3] and tensor.is_cpu()
+    again = pb_utils.Tensor.from_dlpack("U", tensor.to_dlpack())
+    np.testing.assert_array_equal(again.as_numpy(), array)
+    assert pb_utils.Tensor.from_dlpack("V", array).name() == "V"
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.Tensor("S", np.array([b"x"], dtype=np.object_)).to_dlpack()
+    strings = pb_utils.Tensor("W", np.array(["text"]))
+    assert strings.triton_dtype() == 13
+
+
+def test_errors_responses_and_requests() -> None:
+    error = pb_utils.TritonError("gone", pb_utils.TritonError.NOT_FOUND)
+    assert (error.message(), error.code()) == ("gone", 2)
+    assert pb_utils.TritonError.CANCELLED == 7
+    response = pb_utils.InferenceResponse(error=error, parameters={"a": 1})
+    assert response.has_error() and json.loads(response.parameters()) == {"a": 1}
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=pb_utils.Tensor("x", np.zeros(1)))  # type: ignore[arg-type]
+    request = pb_utils.InferenceRequest(
+        model_name="m", inputs=[], requested_output_names=["O"], correlation_id="seq", parameters={"k": True}
+    )
+    assert request.correlation_id() == "seq" and json.loads(request.parameters()) == {"k": True}
+    assert not request.is_cancelled()
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceRequest(model_name="m", inputs=[])
+    with pytest.raises(pb_utils.TritonModelException, match="only available inside a model"):
+        request.exec()
+
+
+def test_metrics_keep_their_values_outside_a_stub() -> None:
+    family = pb_utils.MetricFamily("requests_total", "requests", pb_utils.MetricFamily.COUNTER)
+    metric = family.Metric(labels={"model": "m"})
+    metric.increment(2)
+    metric.increment(3)
+    assert metric.value() == 5
+    with pytest.raises(pb_utils.TritonModelException):
+        metric.increment(-1)
+    gauge = pb_utils.MetricFamily("depth", "queue depth", pb_utils.MetricFamily.GAUGE).Metric()
+    gauge.set(7)
+    assert gauge.value() == 7
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.MetricFamily("h", "h", pb_utils.MetricFamily.HISTOGRAM).Metric()
+
+
+def test_rings_grow_reuse_and_release_out_of_order() -> None:
+    producer = shm.Producer(initial_size=4096)
+    consumer = shm.Consumer()
+    blocks = []
+    for round_number in range(40):
+        writer = ipc.TensorWriter()
+        data = np.full(300 + round_number * 50, round_number, dtype=np.int32)
+        desc = writer.add("T", "INT32", [data.size], data)
+        span = writer.commit(producer)
+        assert span is not None
+        region = producer.pending_region()
+        if region is not None:
+            fd, size = region
+            consumer.attach(os.dup(fd), size)
+            producer.region_sent()
+        block = consumer.hold(span[1])
+        np.testing.assert_array_equal(ipc.read_tensor(consumer, desc, copy=False), data)
+        blocks.append(block)
+        if len(blocks) == 3:
+            # Released newest first: the ring only moves on once the oldest is released too.
+            for held in reversed(blocks):
+                held.release()
+            blocks.clear()
+    producer.close()
+    consumer.close()
+
+
+def test_bytes_tensors_travel_in_their_binary_form() -> None:
+    elements = np.array([[b"a", b"\x00\x01"], [b"", b"long" * 100]], dtype=np.object_)
+    producer = shm.Producer(initial_size=4096)
+    consumer = shm.Consumer()
+    writer = ipc.TensorWriter()
+    desc = writer.add("B", "BYTES", [2, 2], elements)
+    writer.commit(producer)
+    region = producer.pending_region()
+    assert region is not None
+    consumer.attach(os.dup(region[0]), region[1])
+    producer.region_sent()
+    np.testing.assert_array_equal(ipc.read_tensor(consumer, desc, copy=False), elements)
+    producer.close()
+    consumer.close()

@@ -1,0 +1,37 @@
+"""OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1, written as Triton's add_sub example is: the Python
+twin of the ONNX add_sub model."""
+
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_config = model_config = json.loads(args["model_config"])
+        output0_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT0")
+        output1_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT1")
+        self.output0_dtype = pb_utils.triton_string_to_numpy(output0_config["data_type"])
+        self.output1_dtype = pb_utils.triton_string_to_numpy(output1_config["data_type"])
+        self.args = dict(args)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            out_0, out_1 = (in_0.as_numpy() + in_1.as_numpy(), in_0.as_numpy() - in_1.as_numpy())
+            out_tensor_0 = pb_utils.Tensor("OUTPUT0", out_0.astype(self.output0_dtype))
+            out_tensor_1 = pb_utils.Tensor("OUTPUT1", out_1.astype(self.output1_dtype))
+            parameters = {}
+            if json.loads(request.parameters()).get("echo_args"):
+                # What initialize received, for the tests that check Triton's args; slowly, so that requests sent
+                # together overlap and reach both instances.
+                time.sleep(0.05)
+                parameters = {key: value for key, value in self.args.items() if key != "model_config"}
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out_tensor_0, out_tensor_1], parameters=parameters))
+        return responses
+
+    def finalize(self):
+        pb_utils.Logger.log_info("add_sub_python finalized")
