@@ -183,7 +183,7 @@ class OnnxRuntimeInstance:
             }
         names = self._output_names(requests)
         fed = time.perf_counter_ns()
-        results = self._run(names, feeds)
+        results = self._run(names, feeds, _terminate_when_all_cancelled(requests))
         ran = time.perf_counter_ns()
         responses: list[InferResponse | EdgedError] = []
         start = 0
@@ -199,9 +199,9 @@ class OnnxRuntimeInstance:
         timing.input_ns, timing.infer_ns, timing.output_ns = fed - started, ran - fed, time.perf_counter_ns() - ran
         return responses
 
-    def _run(self, names: list[str], feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
+    def _run(self, names: list[str], feeds: dict[str, np.ndarray[Any, Any]], options: ort.RunOptions) -> list[Any]:
         if not self._bf16:
-            return list(self._session.run(names, feeds))
+            return list(self._session.run(names, feeds, options))
         # numpy has no bfloat16: BF16 tensors travel as their uint16 bits and cross into onnxruntime as OrtValues
         # typed BFLOAT16, which plain ``run`` cannot take or return.
         values = {
@@ -210,7 +210,7 @@ class OnnxRuntimeInstance:
             else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
             for name, array in feeds.items()
         }
-        results = self._session.run_with_ort_values(names, values)
+        results = self._session.run_with_ort_values(names, values, options)
         return [
             _bf16_bits(value) if name in self._bf16 else value.numpy()
             for name, value in zip(names, results, strict=True)
@@ -242,6 +242,25 @@ class OnnxRuntimeInstance:
         if name in self._reshape_out:
             array = array.reshape(((batch_size,) if self._batching else ()) + self._dims_out[name])
         return InferOutput(name, datatype, tuple(array.shape), array)
+
+
+def _terminate_when_all_cancelled(requests: Sequence[InferRequest]) -> ort.RunOptions:
+    """Run options that stop the execution once every request in it was cancelled (the clients went away).
+
+    The cancellation arrives on the event loop while the run is on a worker thread; onnxruntime's terminate flag
+    is made to be set from another thread.
+    """
+    options = ort.RunOptions()
+    remaining = [len(requests)]
+
+    def cancelled() -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            options.terminate = True
+
+    for request in requests:
+        request.on_cancel(cancelled)
+    return options
 
 
 # onnx.TensorProto.BFLOAT16

@@ -35,8 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-# Executions shorter than this (moving average) stay on the event loop.
+# Executions shorter than this (moving average) stay on the event loop...
 INLINE_BUDGET_NS = 150_000
+# ...unless the request is large: a model that is fast on small inputs may not be on a big one, and one slow
+# execution on the loop would stall every other client.
+INLINE_MAX_INPUT_BYTES = 64 * 1024
 # Inline executions are timed too, so a model that turns slow (larger inputs) moves back to the pool.
 _EWMA_WEIGHT = 0.1
 
@@ -66,17 +69,24 @@ class DirectScheduler:
         self._idle.set()
 
     async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError | None:
-        # Newest-released first: the instance that just ran has its weights and threads warm.
-        instance = self._free.pop() if self._free else await self._wait_for_instance()
-        queued_ns = time.monotonic_ns() - request.arrival_ns
+        # Counted from arrival, so drain() also waits for requests still queued for an instance.
         self._in_flight += 1
         self._idle.clear()
+        try:
+            # Newest-released first: the instance that just ran has its weights and threads warm.
+            instance = self._free.pop() if self._free else await self._wait_for_instance()
+        except BaseException:
+            self._done()
+            raise
+        queued_ns = time.monotonic_ns() - request.arrival_ns
         timing = ExecutionTiming()
         result: InferResponse | EdgedError | None
         execute_async = getattr(instance, "execute_async", None)
         if execute_async is not None:
-            result = (await self._run(instance, request, asyncio.ensure_future(execute_async((request,), timing))))[0]
-        elif self._average_ns < INLINE_BUDGET_NS:
+            result = (
+                await self._run(instance, request, timing, asyncio.ensure_future(execute_async((request,), timing)))
+            )[0]
+        elif self._average_ns < INLINE_BUDGET_NS and _input_bytes(request) <= INLINE_MAX_INPUT_BYTES:
             try:
                 start = time.perf_counter_ns()
                 result = instance.execute((request,), timing)[0]
@@ -85,7 +95,7 @@ class DirectScheduler:
                 self._finish(instance)
         else:
             work = asyncio.get_running_loop().run_in_executor(self._executor, _timed_execute, instance, request, timing)
-            results, elapsed = await self._run(instance, request, work)
+            results, elapsed = await self._run(instance, request, timing, work)
             self._observe(elapsed)
             result = results[0]
         self._stats.record_execution(request.batch_size, timing)
@@ -96,7 +106,9 @@ class DirectScheduler:
             self._stats.record_success(request.batch_size, request_ns, queued_ns, timing)
         return result
 
-    async def _run(self, instance: BackendInstance, request: InferRequest, work: asyncio.Future[_T]) -> _T:
+    async def _run(
+        self, instance: BackendInstance, request: InferRequest, timing: ExecutionTiming, work: asyncio.Future[_T]
+    ) -> _T:
         """Await an execution that the caller's cancellation must not cut short: the instance is busy until the
         execution really ends, whatever happens to the caller."""
         try:
@@ -104,7 +116,7 @@ class DirectScheduler:
             result = await asyncio.shield(work)
         except asyncio.CancelledError:
             request.cancel()
-            work.add_done_callback(lambda done: self._abandoned(instance, done))
+            work.add_done_callback(lambda done: self._abandoned(instance, request, timing, done))
             raise
         except BaseException:
             self._finish(instance)
@@ -112,19 +124,33 @@ class DirectScheduler:
         self._finish(instance)
         return result
 
-    def _abandoned(self, instance: BackendInstance, work: asyncio.Future[Any]) -> None:
+    def _abandoned(
+        self, instance: BackendInstance, request: InferRequest, timing: ExecutionTiming, work: asyncio.Future[Any]
+    ) -> None:
         if not work.cancelled() and work.exception() is not None:
             log.error("execution of a cancelled request failed: %r", work.exception())
         self._finish(instance)
+        # The statistics say what the model did: an execution that still completed is a success, one that was
+        # cut short (the backend stopped it for the cancellation) a failure.
+        self._stats.record_execution(request.batch_size, timing)
+        request_ns = time.monotonic_ns() - request.arrival_ns
+        first = None if work.cancelled() or work.exception() is not None else _first_response(work.result())
+        if first is None or isinstance(first, EdgedError):
+            self._stats.record_failure(request_ns)
+        else:
+            self._stats.record_success(request.batch_size, request_ns, 0, timing)
 
     async def drain(self) -> None:
         await self._idle.wait()
 
     def _finish(self, instance: BackendInstance) -> None:
+        self._done()
+        self._release(instance)
+
+    def _done(self) -> None:
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
-        self._release(instance)
 
     def _observe(self, elapsed_ns: int) -> None:
         self._average_ns += (elapsed_ns - self._average_ns) * _EWMA_WEIGHT
@@ -147,6 +173,17 @@ class DirectScheduler:
                 waiter.set_result(instance)
                 return
         self._free.append(instance)
+
+
+def _first_response(outcome: Any) -> Any:
+    """The single request's result from what an execution future holds: ``(results, elapsed)`` from the worker
+    pool, or the results list of an async backend."""
+    results = outcome[0] if isinstance(outcome, tuple) else outcome
+    return results[0] if isinstance(results, list) and results else None
+
+
+def _input_bytes(request: InferRequest) -> int:
+    return sum(t.data.nbytes if t.data is not None else 0 for t in request.inputs)
 
 
 def _timed_execute(

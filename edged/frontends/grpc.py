@@ -55,8 +55,9 @@ STATUS_BY_CODE: Final[dict[ErrorCode, grpc.StatusCode]] = {
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
 }
 # Requests read ahead of the reply being written, per stream: past this the stream stops reading, and HTTP/2
-# flow control pushes back on the client instead of the server queueing without bound.
-MAX_IN_FLIGHT_PER_STREAM: Final = 256
+# flow control pushes back on the client instead of the server queueing without bound. Each may be up to
+# --grpc-max-message-size, so this bounds a stream's memory as well as its concurrency.
+MAX_IN_FLIGHT_PER_STREAM: Final = 32
 _GRPC_ERROR_KEY: Final = "triton_grpc_error"
 
 

@@ -366,6 +366,11 @@ class InferRoute:
         except _BodyTooLarge as exc:
             await _send(send, 413, error_body(str(exc)), _JSON)
             return
+        except Exception:
+            # A bug, not a bad request: logged with its traceback, answered without it.
+            log.exception("unhandled error in POST %s", scope["path"])
+            await _send(send, 500, error_body("internal error"), _JSON)
+            return
         extra: list[tuple[bytes, bytes]] = []
         content_type = _JSON
         if json_length is not None:
