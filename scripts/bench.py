@@ -1,17 +1,36 @@
 """Measures how close edged comes to running ONNX Runtime in-process, and to Triton on the same machine.
 
-For each model and concurrency it measures, one after the other so they never compete for cores:
+For each model, protocol and concurrency it measures, one after the other so they never compete for cores:
 
 1. in-process: threads calling ``InferenceSession.run`` on one session in a closed loop (the ceiling);
-2. edged: the real daemon driven over HTTP with binary tensors by Triton's ``perf_analyzer``;
+2. edged: the real daemon driven by Triton's ``perf_analyzer`` over each protocol:
+
+   - ``http``: HTTP/REST with binary tensors;
+   - ``grpc``: gRPC ``ModelInfer`` calls, one in flight per concurrent client;
+   - ``grpc stream``: gRPC ``ModelStreamInfer``, one stream per concurrent client;
+   - ``http shm`` and ``grpc shm``: inputs and outputs in system shared memory regions that perf_analyzer
+     registers (``--shared-memory system``), so no tensor bytes travel over the socket;
+
 3. Triton: Triton Inference Server serving the same model.onnx through a Python-backend model that runs
-   onnxruntime (the reference build has no ONNX Runtime backend).
+   onnxruntime (the reference build has no ONNX Runtime backend), with the same perf_analyzer commands.
 
 Run it through ``scripts/bench``, which sets up the checkout first::
 
-    scripts/bench                 # add_sub and resnet50 at concurrency 1, 8, 16 (about 5 minutes on 2 cores)
-    scripts/bench --quick         # add_sub only, short windows (about 1 minute)
-    scripts/bench --skip-triton   # edged and in-process only
+    scripts/bench                       # add_sub and resnet50, every protocol, concurrency 1, 8, 16
+    scripts/bench --quick               # add_sub only, short windows
+    scripts/bench --protocols grpc      # only the gRPC rows (unary, streaming, shared memory)
+    scripts/bench --skip-triton         # edged and in-process only
+    scripts/bench --skip-shm            # no shared-memory rows
+
+perf_analyzer 2.60 loads the CUDA runtime (libcudart) whenever it runs with shared memory, even system shared
+memory, and stops when it cannot. Loading the library needs no GPU, so before the first shared-memory run the
+benchmark puts libcudart from NVIDIA's CUDA runtime wheel into perf_analyzer's root (``$PA_ROOT``, never into
+../shared); when that is not possible it says why and leaves the shared-memory rows out.
+
+The measurements assume an otherwise idle machine. Each phase first waits a while for other processes to leave
+the CPU, and every measurement records how much CPU they used meanwhile (everything but this process, the load
+generator and the server under test). A measurement they disturbed is taken again once when the CPU is quiet
+(within a time budget); a figure still marked ``!`` in the table was disturbed and is worth measuring again.
 
 Generated models, server logs and the results (bench-results.json) go to bench-models/, which git ignores.
 """
@@ -21,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import json
 import os
 import platform
@@ -35,6 +55,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -57,12 +78,25 @@ PERF_ANALYZER: Final = TOOLS / "perf-analyzer"
 TRITON_REFERENCE: Final = TOOLS / "triton-reference"
 # perf_analyzer runs in a chroot; the files it writes are found under this root on the host.
 PA_ROOT: Final = Path(os.environ.get("PA_ROOT", "/var/tmp/perf-analyzer-root"))
+# Where ../shared/tools/perf-analyzer unpacks the perf_analyzer binary inside that root.
+PA_BINARY: Final = "opt/pa/perf_analyzer/bin/perf_analyzer"
+# Inside the root: on the loader's default path (Debian's /etc/ld.so.conf.d/libc.conf).
+PA_LIBRARY_DIR: Final = "usr/local/lib"
 CONCURRENCIES: Final = (1, 8, 16)
+PROTOCOLS: Final = ("http", "grpc")
 SERVER_START_TIMEOUT_S: Final = 180.0
 # Share of the CPU used by other processes above which the figures are flagged as disturbed.
 BUSY_WARNING: Final = 0.15
+# How long a phase waits for other processes to leave the CPU before it starts anyway.
+QUIET_WAIT_S: Final = 30.0
+# Disturbed measurements are taken again, once each, within this much time in all (--quick: a quarter).
+RETRY_BUDGET_S: Final = 120.0
 # perf_analyzer -v --percentile 50: "  Pass [3] throughput: 7177.38 infer/sec. p50 latency: 1903 usec"
 PASS_LINE: Final = re.compile(r"Pass \[\d+\] throughput: ([0-9.]+) infer/sec\. p50 latency: ([0-9.]+) usec")
+# The names under which perf_analyzer dlopens the CUDA runtime, as they appear in its binary.
+CUDART_NAME: Final = re.compile(rb"libcudart\.so(?:\.[0-9]+)*")
+# What perf_analyzer prints when it cannot load the CUDA runtime.
+CUDA_RUNTIME_FAILURE: Final = re.compile(r"Cannot open CUDA runtime library|Failed to load one or more CUDA functions")
 Array = npt.NDArray[Any]
 
 # Triton's reference build has no ONNX Runtime backend, so it serves each model.onnx through this
@@ -110,6 +144,8 @@ class BenchModel:
     # Closed-loop duration of each in-process measurement and perf_analyzer's measurement window.
     in_process_s: float
     window_ms: int
+    # The bytes of the largest output at batch 1: perf_analyzer's --output-shared-memory-size.
+    output_bytes: int
     # One request's inputs, batch 1.
     make_inputs: Callable[[], dict[str, Array]]
 
@@ -124,12 +160,33 @@ def _resnet50_inputs() -> dict[str, Array]:
 
 
 def bench_models(quick: bool) -> list[BenchModel]:
+    add_sub_bytes = 16 * 4  # OUTPUT0 and OUTPUT1: FP32 [16]
+    resnet50_bytes = 1000 * 4  # output: FP32 [1000]
     if quick:
-        return [BenchModel("add_sub", 2.0, 1000, _add_sub_inputs)]
+        return [BenchModel("add_sub", 2.0, 1000, add_sub_bytes, _add_sub_inputs)]
     return [
-        BenchModel("add_sub", 5.0, 2000, _add_sub_inputs),
-        BenchModel("resnet50", 15.0, 5000, _resnet50_inputs),
+        BenchModel("add_sub", 5.0, 1500, add_sub_bytes, _add_sub_inputs),
+        BenchModel("resnet50", 10.0, 3000, resnet50_bytes, _resnet50_inputs),
     ]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How perf_analyzer talks to a server."""
+
+    name: str  # as printed in the protocol column
+    protocol: str  # "http" or "grpc"
+    streaming: bool = False
+    shared_memory: bool = False
+
+
+MODES: Final = (
+    Mode("http", "http"),
+    Mode("grpc", "grpc"),
+    Mode("grpc stream", "grpc", streaming=True),
+    Mode("http shm", "http", shared_memory=True),
+    Mode("grpc shm", "grpc", shared_memory=True),
+)
 
 
 @dataclass
@@ -141,19 +198,151 @@ class Measurement:
     # False when perf_analyzer found no three windows within 10% of each other: then the figures are the
     # mean of its last three windows, and p99 is unknown.
     stable: bool = True
+    # The share of all CPUs that other processes used while this was measured (None where unknown).
+    others_cpu: float | None = None
+    seconds: float | None = None  # how long the measurement took
+
+    @property
+    def disturbed(self) -> bool:
+        return self.others_cpu is not None and self.others_cpu > BUSY_WARNING
 
 
 @dataclass
 class Row:
     model: str
     concurrency: int
+    protocol: str
     in_process: Measurement = field(default_factory=Measurement)
     edged: Measurement = field(default_factory=Measurement)
     triton: Measurement = field(default_factory=Measurement)
 
 
+@dataclass
+class SharedMemory:
+    """Whether perf_analyzer can run with --shared-memory system on this machine; why not when it cannot."""
+
+    unavailable: str | None = None
+
+
 def say(message: str) -> None:
     print(f"bench: {message}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# CPU used by other processes
+
+
+def _process_ticks(stat: str) -> tuple[int, int]:
+    """The session id and the CPU ticks (its own and those of children it waited for) of one /proc/PID/stat."""
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return int(fields[3]), sum(int(value) for value in fields[11:15])  # session; utime stime cutime cstime
+
+
+class CpuMeter:
+    """The share of all CPUs used by other processes between ``start`` and ``stop``.
+
+    "Ours" is this process with the children it has waited for (perf_analyzer among them) and every process in
+    the session of the server under test (Triton's Python-backend stubs included). Interrupt and softirq time
+    counts as busy: the kernel also charges it to the process it interrupted (loopback traffic, mostly).
+    """
+
+    def __init__(self, server_session: int | None = None) -> None:
+        self.server_session = server_session
+        self.begin: tuple[int, int, int] | None = None
+
+    def _sample(self) -> tuple[int, int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        total = sum(values[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+        busy = values[0] + values[1] + values[2] + values[5] + values[6]  # user nice system irq softirq
+        ours = _process_ticks(Path("/proc/self/stat").read_text())[1]
+        if self.server_session is not None:
+            for entry in os.scandir("/proc"):
+                if entry.name.isdigit():
+                    with contextlib.suppress(OSError, ValueError, IndexError):  # processes come and go
+                        session, ticks = _process_ticks(Path(entry.path, "stat").read_text())
+                        if session == self.server_session:
+                            ours += ticks
+        return total, busy, ours
+
+    def start(self) -> None:
+        try:
+            self.begin = self._sample()
+        except (OSError, ValueError, IndexError):
+            self.begin = None
+
+    def stop(self) -> float | None:
+        if self.begin is None:
+            return None
+        try:
+            total, busy, ours = self._sample()
+        except (OSError, ValueError, IndexError):
+            return None
+        total0, busy0, ours0 = self.begin
+        others = (busy - busy0) - (ours - ours0)
+        return round(max(0.0, others / max(1, total - total0)), 3)
+
+
+def others_busy(seconds: float = 1.0) -> float:
+    """The share of all CPUs that other processes use over the next ``seconds`` (0.0 where unknown)."""
+    meter = CpuMeter()
+    meter.start()
+    time.sleep(seconds)
+    return meter.stop() or 0.0
+
+
+def wait_for_quiet(limit_s: float) -> float:
+    """Waits up to ``limit_s`` for other processes to leave the CPU; returns the share they used last."""
+    deadline = time.monotonic() + limit_s
+    share = others_busy()
+    while share > BUSY_WARNING and time.monotonic() < deadline:
+        share = others_busy()
+    return share
+
+
+def check_idle(phase: str) -> float:
+    """Every measurement assumes the machine is otherwise idle: waits a while for that, and says when it is not."""
+    share = others_busy()
+    if share > BUSY_WARNING:
+        say(f"{share:.0%} of the CPU is busy with other processes; waiting up to {QUIET_WAIT_S:.0f} s for it to quiet")
+        share = wait_for_quiet(QUIET_WAIT_S)
+        if share > BUSY_WARNING:
+            say(f"warning: {share:.0%} of the CPU is busy with other processes before the {phase} measurements")
+    return share
+
+
+def metered(measure: Callable[[], Measurement], server_session: int | None) -> Measurement:
+    """Runs one measurement and records how long it took and how much CPU other processes used meanwhile."""
+    meter = CpuMeter(server_session)
+    meter.start()
+    began = time.monotonic()
+    result = measure()
+    result.seconds = round(time.monotonic() - began, 1)
+    result.others_cpu = meter.stop()
+    return result
+
+
+class Retries:
+    """Takes a measurement that other processes disturbed again, once, after the CPU has quieted down.
+
+    A time budget for the whole run keeps a machine that is busy throughout from doubling the run; the result
+    kept is the less disturbed of the two.
+    """
+
+    def __init__(self, budget_s: float) -> None:
+        self.left_s = budget_s
+
+    def measure(self, where: str, measure: Callable[[], Measurement], server_session: int | None) -> Measurement:
+        first = metered(measure, server_session)
+        if not first.disturbed or first.error or self.left_s <= 0:
+            return first
+        began = time.monotonic()
+        say(f"{where}: other processes used {first.others_cpu:.0%} of the CPU meanwhile; measuring it again")
+        wait_for_quiet(min(30.0, self.left_s))
+        second = metered(measure, server_session)
+        self.left_s -= time.monotonic() - began
+        if second.error or (second.others_cpu or 0.0) > (first.others_cpu or 0.0):
+            return first
+        return second
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -243,7 +432,8 @@ def edged_session_options() -> ort.SessionOptions:
     return options
 
 
-def run_in_process(models: Sequence[BenchModel], rows: dict[tuple[str, int], Row]) -> None:
+def run_in_process(models: Sequence[BenchModel], retries: Retries) -> dict[tuple[str, int], Measurement]:
+    results: dict[tuple[str, int], Measurement] = {}
     for model in models:
         path = MODEL_STORE / model.name / "1" / modelgen.MODEL_FILENAME
         # The session options and provider edged gives a model without parameters: the ceiling edged can reach.
@@ -252,23 +442,36 @@ def run_in_process(models: Sequence[BenchModel], rows: dict[tuple[str, int], Row
         for _ in range(3):  # first runs allocate the arena and pick kernels
             session.run(None, feeds)
         for concurrency in CONCURRENCIES:
-            result = measure_in_process(session, feeds, concurrency, model.in_process_s)
-            rows[model.name, concurrency].in_process = result
-            say(f"in-process {model.name} c={concurrency}: {_fmt_rate(result.throughput)} infer/s")
+            measure = functools.partial(measure_in_process, session, feeds, concurrency, model.in_process_s)
+            result = retries.measure(f"in-process {model.name} c={concurrency}", measure, None)
+            results[model.name, concurrency] = result
+            say(f"in-process {model.name} c={concurrency}: {_fmt_rate(result.throughput)} infer/s{_busy_note(result)}")
+    return results
 
 
 # --------------------------------------------------------------------------------------------------------
 # servers
 
 
-def free_ports(count: int) -> list[int]:
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    def of(self, mode: Mode) -> int:
+        return self.grpc if mode.protocol == "grpc" else self.http
+
+
+def free_ports() -> Ports:
     sockets = []
     try:
-        for _ in range(count):
+        for _ in range(3):
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
+        http, grpc, metrics = (s.getsockname()[1] for s in sockets)
+        return Ports(http, grpc, metrics)
     finally:
         for s in sockets:
             s.close()
@@ -283,8 +486,11 @@ def _ready(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def running_server(name: str, command: list[str], http_port: int) -> Iterator[None]:
-    """Starts a server, waits until it reports ready, and stops it (SIGTERM, then SIGKILL) afterwards."""
+def running_server(name: str, command: list[str], http_port: int) -> Iterator[int]:
+    """Starts a server, waits until it reports ready, and stops it (SIGTERM, then SIGKILL) afterwards.
+
+    Yields the id of the session the server runs in (its own process id).
+    """
     log_path = BENCH_DIR / f"{name}.log"
     say(f"starting {name} (log: {log_path.relative_to(ROOT)})")
     with log_path.open("wb") as log:
@@ -301,7 +507,7 @@ def running_server(name: str, command: list[str], http_port: int) -> Iterator[No
                 raise RuntimeError(f"{name} was not ready after {SERVER_START_TIMEOUT_S:.0f} s; see {log_path}")
             time.sleep(0.25)
         say(f"{name} ready after {time.monotonic() - began:.1f} s")
-        yield
+        yield process.pid
     finally:
         _stop(process)
 
@@ -318,45 +524,140 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
+# the CUDA runtime perf_analyzer loads for shared memory
+
+
+def _cuda_runtime_package(names: Sequence[str]) -> str:
+    """The wheel with the CUDA runtime under these names: the major version's, or CUDA 12's for libcudart.so."""
+    majors = {int(name.split(".")[2]) for name in names if name.count(".") >= 2}
+    major = max(majors) if majors else 12
+    return f"nvidia-cuda-runtime-cu{major}" if major <= 12 else f"nvidia-cuda-runtime=={major}.*"
+
+
+def _loadable_in_root(name: str) -> bool:
+    """Whether the dynamic loader cache inside perf_analyzer's root has a library called ``name``."""
+    done = subprocess.run(["chroot", str(PA_ROOT), "ldconfig", "-p"], capture_output=True, text=True, check=False)
+    return done.returncode == 0 and any(line.strip().startswith(f"{name} (") for line in done.stdout.splitlines())
+
+
+def ensure_cuda_runtime() -> str | None:
+    """Makes the CUDA runtime loadable inside perf_analyzer's root; returns why that failed, or None.
+
+    perf_analyzer 2.60 dlopens libcudart as soon as a run uses shared memory, system shared memory included, and
+    aborts with "Cannot open CUDA runtime library" without it. It calls into it only for CUDA shared memory, and
+    loading the library needs neither a GPU nor a driver, so the runtime from NVIDIA's wheel on PyPI is enough.
+    It goes into the root's /usr/local/lib and the root's loader cache: the root is a cache this machine builds
+    for ../shared/tools/perf-analyzer; ../shared itself is never changed.
+    """
+    binary = PA_ROOT / PA_BINARY
+    try:
+        names = sorted({match.decode() for match in CUDART_NAME.findall(binary.read_bytes())})
+    except OSError as exc:
+        return f"cannot read {binary}: {exc.strerror}"
+    if not names:
+        return None  # this perf_analyzer does not load the CUDA runtime
+    if os.geteuid() != 0:
+        return f"perf_analyzer loads {', '.join(names)}, and putting it into {PA_ROOT} needs root"
+    missing = [name for name in names if not _loadable_in_root(name)]
+    if not missing:
+        say(f"shared memory: {', '.join(names)} (loaded by perf_analyzer) is already in {PA_ROOT}")
+        return None
+    package = _cuda_runtime_package(names)
+    target = PA_ROOT / PA_LIBRARY_DIR
+    say(
+        f"shared memory: perf_analyzer dlopens {', '.join(missing)} even for --shared-memory system and stops "
+        f"without it; installing the CUDA runtime from the {package} wheel (PyPI) into {target} and running "
+        "ldconfig in that root (perf_analyzer's root only; loading the library needs no GPU)"
+    )
+    with tempfile.TemporaryDirectory(prefix="edged-bench-cudart-") as tmp:
+        download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp]
+        try:
+            done = subprocess.run([*download, package], capture_output=True, text=True, check=False, timeout=600)
+        except subprocess.TimeoutExpired:
+            return f"downloading {package} took more than 10 minutes"
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+            return f"could not download {package}: {lines[-1] if lines else f'pip exited {done.returncode}'}"
+        installed: list[str] = []
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for member in wheel.namelist():
+                library = re.fullmatch(r"(?:.*/)?lib/(libcudart\.so\.[0-9.]+)", member)
+                if not library:
+                    continue
+                target.mkdir(parents=True, exist_ok=True)
+                staged = target / f".{library[1]}.tmp"
+                staged.write_bytes(wheel.read(member))
+                staged.chmod(0o755)
+                staged.replace(target / library[1])
+                installed.append(library[1])
+    if not installed:
+        return f"{wheels[0].name} has no libcudart.so.*"
+    # ldconfig links the versioned names; a name without a version (libcudart.so) needs a link of its own.
+    for name in missing:
+        if name not in installed and not (target / name).exists():
+            (target / name).unlink(missing_ok=True)  # a dangling link
+            (target / name).symlink_to(installed[0])
+    done = subprocess.run(["chroot", str(PA_ROOT), "ldconfig"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"ldconfig in {PA_ROOT} failed: {(done.stdout + done.stderr).strip()}"
+    still = [name for name in missing if not _loadable_in_root(name)]
+    if still:
+        return f"{', '.join(still)} is still not in the loader cache of {PA_ROOT} after ldconfig"
+    say(f"shared memory: {', '.join(installed)} installed into {target}")
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------
 # load generators
 
 
 class LoadGenerator:
     description = ""
 
-    def measure(self, model: BenchModel, port: int, concurrency: int, label: str) -> Measurement:
+    def supports(self, mode: Mode) -> bool:
+        raise NotImplementedError
+
+    def measure(self, model: BenchModel, mode: Mode, ports: Ports, concurrency: int, label: str) -> Measurement:
         raise NotImplementedError
 
 
 class PerfAnalyzer(LoadGenerator):
-    """Triton's perf_analyzer over HTTP with binary tensors (its default), one concurrency per run."""
+    """Triton's perf_analyzer with binary tensors (its default), one concurrency per run."""
 
-    description = "perf_analyzer (HTTP, binary tensors, batch 1)"
+    description = "perf_analyzer 2.60, binary tensors, batch 1"
 
-    def __init__(self, tool: Path, quick: bool) -> None:
+    def __init__(self, tool: Path) -> None:
         self.tool = tool
-        self.quick = quick
 
     def ensure(self) -> None:
         subprocess.run([str(self.tool), "--ensure"], check=True, stdout=subprocess.DEVNULL)
 
-    def measure(self, model: BenchModel, port: int, concurrency: int, label: str) -> Measurement:
-        csv_name = f"/tmp/edged-bench-{os.getpid()}-{label}-{model.name}-{concurrency}.csv"
+    def supports(self, mode: Mode) -> bool:
+        return True
+
+    def measure(self, model: BenchModel, mode: Mode, ports: Ports, concurrency: int, label: str) -> Measurement:
+        slug = mode.name.replace(" ", "-")
+        csv_name = f"/tmp/edged-bench-{os.getpid()}-{label}-{model.name}-{slug}-{concurrency}.csv"
         csv_host = PA_ROOT / csv_name.lstrip("/")
         csv_host.unlink(missing_ok=True)
         command = [
             str(self.tool),
             "-m", model.name,
-            "-u", f"127.0.0.1:{port}",
-            "-i", "http",
+            "-u", f"127.0.0.1:{ports.of(mode)}",
+            "-i", mode.protocol,
             "--concurrency-range", f"{concurrency}:{concurrency}",
             "--measurement-interval", str(model.window_ms),
             # Stable means three windows within 10% (its default) in throughput and p50 latency.
             "--percentile", "50",
-            "--max-trials", "6" if self.quick else "8",
+            "--max-trials", "6",
             "-v",  # prints every window, used when no three agree
             "-f", csv_name,
         ]  # fmt: skip
+        if mode.streaming:
+            command.append("--streaming")
+        if mode.shared_memory:
+            command += ["--shared-memory", "system", "--output-shared-memory-size", str(model.output_bytes)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         try:
             if done.returncode == 0 and csv_host.is_file():
@@ -390,7 +691,10 @@ class PythonClient(LoadGenerator):
 
     description = "tritonclient.http threads (perf_analyzer not found), binary tensors, batch 1"
 
-    def measure(self, model: BenchModel, port: int, concurrency: int, label: str) -> Measurement:
+    def supports(self, mode: Mode) -> bool:
+        return mode == MODES[0]  # plain HTTP
+
+    def measure(self, model: BenchModel, mode: Mode, ports: Ports, concurrency: int, label: str) -> Measurement:
         import tritonclient.http as httpclient
 
         feeds = model.make_inputs()
@@ -398,7 +702,7 @@ class PythonClient(LoadGenerator):
         deadline = 0.0
 
         def worker() -> list[float]:
-            client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{ports.http}")
             inputs = []
             for name, array in feeds.items():
                 tensor = httpclient.InferInput(name, list(array.shape), "FP32")
@@ -432,35 +736,52 @@ class PythonClient(LoadGenerator):
 def measure_server(
     label: str,
     command: list[str],
-    http_port: int,
+    ports: Ports,
     models: Sequence[BenchModel],
+    modes: Sequence[Mode],
     load: LoadGenerator,
-    rows: dict[tuple[str, int], Row],
+    rows: dict[tuple[str, str, int], Row],
+    shm: SharedMemory,
+    retries: Retries,
 ) -> None:
     try:
-        with running_server(label, command, http_port):
+        with running_server(label, command, ports.http) as session:
             for model in models:
-                for concurrency in CONCURRENCIES:
-                    result = load.measure(model, http_port, concurrency, label)
-                    setattr(rows[model.name, concurrency], label, result)
-                    if result.error:
-                        say(f"{label} {model.name} c={concurrency}: FAILED: {result.error}")
-                    else:
-                        p99 = "unknown" if result.p99_us is None else f"{_fmt_us(result.p99_us)} us"
-                        unstable = "" if result.stable else " (unstable: mean of the last 3 windows)"
-                        say(
-                            f"{label} {model.name} c={concurrency}: {_fmt_rate(result.throughput)} infer/s, "
-                            f"p50 {_fmt_us(result.p50_us)} us, p99 {p99}{unstable}"
-                        )
+                for mode in modes:
+                    for concurrency in CONCURRENCIES:
+                        if mode.shared_memory and shm.unavailable:
+                            continue
+                        where = f"{label} {model.name} {mode.name} c={concurrency}"
+                        measure = functools.partial(load.measure, model, mode, ports, concurrency, label)
+                        result = retries.measure(where, measure, session)
+                        if mode.shared_memory and result.error and CUDA_RUNTIME_FAILURE.search(result.error):
+                            shm.unavailable = f"perf_analyzer cannot run with --shared-memory system: {result.error}"
+                            say(f"{where}: {shm.unavailable}; leaving the shared-memory rows out")
+                            continue
+                        setattr(rows[model.name, mode.name, concurrency], label, result)
+                        if result.error:
+                            say(f"{where}: FAILED: {result.error}")
+                        else:
+                            p99 = "unknown" if result.p99_us is None else f"{_fmt_us(result.p99_us)} us"
+                            unstable = "" if result.stable else " (unstable: mean of the last 3 windows)"
+                            say(
+                                f"{where}: {_fmt_rate(result.throughput)} infer/s, p50 {_fmt_us(result.p50_us)} us, "
+                                f"p99 {p99}{unstable} [{result.seconds:.0f} s]{_busy_note(result)}"
+                            )
     except RuntimeError as exc:
         say(f"{label}: FAILED: {exc}")
-        for model in models:
-            for concurrency in CONCURRENCIES:
-                setattr(rows[model.name, concurrency], label, Measurement(error=str(exc)))
+        for row in rows.values():
+            setattr(row, label, Measurement(error=str(exc)))
 
 
 # --------------------------------------------------------------------------------------------------------
 # report
+
+
+def _busy_note(result: Measurement) -> str:
+    if not result.disturbed:
+        return ""
+    return f" (disturbed: other processes used {result.others_cpu:.0%} of the CPU meanwhile)"
 
 
 def _fmt_rate(value: float | None, stable: bool = True) -> str:
@@ -483,9 +804,16 @@ def _fmt_ratio(a: Measurement, b: Measurement) -> str:
     return ratio if a.stable and b.stable else f"~{ratio}"
 
 
+def _fmt_measured(m: Measurement) -> str:
+    """Throughput, with ~ when perf_analyzer found no stable windows and ! when other processes disturbed it."""
+    text = _fmt_rate(m.throughput, m.stable)
+    return f"{text}!" if m.disturbed and m.throughput is not None else text
+
+
 TABLE_HEADER: Final = (
     "model",
     "conc",
+    "protocol",
     "in-process infer/s",
     "edged infer/s",
     "edged/in-process",
@@ -494,6 +822,7 @@ TABLE_HEADER: Final = (
     "edged/Triton",
     "Triton p50 us",
 )
+TEXT_COLUMNS: Final = 3  # left-aligned; the others hold figures
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -501,11 +830,12 @@ def table(rows: Sequence[Row]) -> str:
         (
             row.model,
             str(row.concurrency),
-            _fmt_rate(row.in_process.throughput),
-            _fmt_rate(row.edged.throughput, row.edged.stable),
+            row.protocol,
+            _fmt_measured(row.in_process),
+            _fmt_measured(row.edged),
             _fmt_ratio(row.edged, row.in_process),
             _fmt_us(row.edged.p50_us, row.edged.stable),
-            _fmt_rate(row.triton.throughput, row.triton.stable),
+            _fmt_measured(row.triton),
             _fmt_ratio(row.edged, row.triton),
             _fmt_us(row.triton.p50_us, row.triton.stable),
         )
@@ -515,10 +845,14 @@ def table(rows: Sequence[Row]) -> str:
 
     def line(cells: Sequence[str]) -> str:
         # Names left-aligned, figures right-aligned: the table is also valid Markdown.
-        padded = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        padded = [
+            c.ljust(w) if i < TEXT_COLUMNS else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return "| " + " | ".join(padded) + " |"
 
-    rule = "|" + "|".join("-" * (w + 2) if i < 2 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    rule = (
+        "|" + "|".join("-" * (w + 2) if i < TEXT_COLUMNS else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    )
     return "\n".join([line(TABLE_HEADER), rule, *(line(cells) for cells in body)])
 
 
@@ -528,6 +862,23 @@ def _cpu_model() -> str:
             if text.startswith("model name"):
                 return text.split(":", 1)[1].strip()
     return platform.processor() or "unknown CPU"
+
+
+def _edged_revision() -> str | None:
+    """The commit edged runs from, and whether its package has changes not committed yet."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # only reads: never refreshes git's index
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+
+    with contextlib.suppress(OSError):
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode == 0:
+            dirty = git("diff", "--quiet", "HEAD", "--", "edged").returncode != 0
+            untracked = bool(git("ls-files", "--others", "--exclude-standard", "--", "edged").stdout.strip())
+            changed = " with uncommitted changes under edged/" if dirty or untracked else ""
+            return f"commit {head.stdout.strip()}{changed}"
+    return None
 
 
 def _triton_ort_version() -> str | None:
@@ -546,44 +897,39 @@ def _triton_ort_version() -> str | None:
 # main
 
 
-def cpu_busy(seconds: float = 1.0) -> float:
-    """The share of all CPUs that was not idle over the next ``seconds``, from /proc/stat (0.0 elsewhere)."""
-
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
-
-
-def check_idle(phase: str) -> float:
-    """Every measurement assumes the machine is otherwise idle; says so when it is not."""
-    share = cpu_busy()
-    if share > BUSY_WARNING:
-        say(f"warning: {share:.0%} of the CPU is busy with other processes before the {phase} measurements")
-    return round(share, 3)
+def _protocols(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in names if name not in PROTOCOLS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(PROTOCOLS)}, got {text!r}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="add_sub only, short measurements")
     parser.add_argument("--skip-triton", action="store_true", help="do not measure Triton")
+    parser.add_argument(
+        "--protocols",
+        type=_protocols,
+        default=PROTOCOLS,
+        metavar="http,grpc",
+        help="the protocols to measure (default: both); grpc includes streaming",
+    )
+    parser.add_argument("--skip-shm", action="store_true", help="do not measure with system shared memory")
     args = parser.parse_args(argv)
+    # Stopped with SIGTERM (timeout, kill), it unwinds as for Ctrl-C, so the server it started is stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     began = time.monotonic()
     models = bench_models(args.quick)
-    rows = {(m.name, c): Row(m.name, c) for m in models for c in CONCURRENCIES}
+    modes = [m for m in MODES if m.protocol in args.protocols and not (args.skip_shm and m.shared_memory)]
     machine = {
         "cpus": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "python": platform.python_version(),
         "onnxruntime": ort.__version__,
+        "edged": _edged_revision(),
     }
     say(f"{machine['cpus']} CPUs ({machine['cpu_model']}), onnxruntime {ort.__version__}")
 
@@ -591,30 +937,50 @@ def main(argv: list[str] | None = None) -> int:
     prepare_models(models)
 
     load: LoadGenerator
+    shm = SharedMemory()
     if PERF_ANALYZER.is_file():
-        analyzer = PerfAnalyzer(PERF_ANALYZER, args.quick)
+        analyzer = PerfAnalyzer(PERF_ANALYZER)
         analyzer.ensure()
         load = analyzer
+        if any(m.shared_memory for m in modes):
+            shm.unavailable = ensure_cuda_runtime()
+            if shm.unavailable:
+                say(f"shared memory: not measured: {shm.unavailable}")
     else:
         say(f"{PERF_ANALYZER} not found: falling back to a Python tritonclient.http load generator")
         load = PythonClient()
-    say(f"load generator: {load.description}")
+        left_out = [m.name for m in modes if not load.supports(m)]
+        if left_out:
+            say(f"without perf_analyzer, leaving out: {', '.join(left_out)}")
+        modes = [m for m in modes if load.supports(m)]
+    if not modes:
+        say("nothing to measure with these options")
+        return 2
+    measured = [m.name for m in modes if not (m.shared_memory and shm.unavailable)]
+    say(f"load generator: {load.description}; protocols: {', '.join(measured)}")
+    rows = {(m.name, p.name, c): Row(m.name, c, p.name) for m in models for p in modes for c in CONCURRENCIES}
 
+    retries = Retries(RETRY_BUDGET_S / 4 if args.quick else RETRY_BUDGET_S)
     busy: dict[str, float] = {}
     busy["in-process"] = check_idle("in-process")
     say("measuring in-process onnxruntime")
-    run_in_process(models, rows)
+    in_process = run_in_process(models, retries)
+    for row in rows.values():
+        row.in_process = in_process[row.model, row.concurrency]
 
-    http, grpc, metrics = free_ports(3)
+    ports = free_ports()
     edged = [
         str(ROOT / ".venv" / "bin" / "edged"), "serve",
         "--model-repository", str(EDGED_REPO.relative_to(ROOT)),
-        "--http-address", "127.0.0.1", "--http-port", str(http),
-        "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc),
-        "--metrics-port", str(metrics),
+        "--http-address", "127.0.0.1", "--http-port", str(ports.http),
+        "--grpc-address", "127.0.0.1", "--grpc-port", str(ports.grpc),
+        "--metrics-port", str(ports.metrics),
     ]  # fmt: skip
+    client_shm = any(m.shared_memory for m in modes) and not shm.unavailable
+    if client_shm:
+        edged.append("--allow-client-shm=true")  # off by default, as in Triton
     busy["edged"] = check_idle("edged")
-    measure_server("edged", edged, http, models, load, rows)
+    measure_server("edged", edged, ports, models, modes, load, rows, shm, retries)
 
     triton_note = None
     if args.skip_triton:
@@ -623,13 +989,13 @@ def main(argv: list[str] | None = None) -> int:
         triton_note = f"skipped ({TRITON_REFERENCE} not found)"
     else:
         prepare_triton_models(models)
-        http, grpc, metrics = free_ports(3)
+        ports = free_ports()
         triton = [
             str(TRITON_REFERENCE), str(TRITON_REPO.relative_to(ROOT)),
-            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+            "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
         ]  # fmt: skip
         busy["triton"] = check_idle("triton")
-        measure_server("triton", triton, http, models, load, rows)
+        measure_server("triton", triton, ports, models, modes, load, rows, shm, retries)
         version = _triton_ort_version()
         triton_note = (
             "Triton 2.51 (CPU build), Python backend running onnxruntime"
@@ -637,25 +1003,51 @@ def main(argv: list[str] | None = None) -> int:
             + ", instance_group count 1"
         )
 
-    ordered = [rows[m.name, c] for m in models for c in CONCURRENCIES]
+    shown = [m for m in modes if not (m.shared_memory and shm.unavailable)]
+    ordered = [rows[m.name, p.name, c] for m in models for c in CONCURRENCIES for p in shown]
     print()
     print(table(ordered))
     print()
     print(f"machine: {machine['cpus']} CPUs, {machine['cpu_model']}; onnxruntime {ort.__version__}")
     print("in-process: one InferenceSession, edged's session options, N threads in a closed loop, batch 1")
-    print(f"servers: {load.description}; concurrency = concurrent requests in flight")
+    print(f"servers: {load.description}; conc = requests in flight (perf_analyzer --concurrency-range)")
+    notes = [
+        (any(m.name == "http" for m in shown), "http: HTTP/REST with the binary tensor extension"),
+        (any(m.name == "grpc" for m in shown), "grpc: ModelInfer, one call in flight per concurrent client"),
+        (any(m.streaming for m in shown), "grpc stream: ModelStreamInfer (--streaming), one stream per client"),
+        (
+            any(m.shared_memory for m in shown),
+            "shm: inputs and outputs in system shared memory regions perf_analyzer registers "
+            "(--shared-memory system), unary calls",
+        ),
+    ]
+    for shown_here, note in notes:
+        if shown_here:
+            print(f"  {note}")
+    edged_notes = [str(machine["edged"])] if machine["edged"] else []
+    if client_shm:
+        edged_notes.append("started with --allow-client-shm=true (client shared memory is off by default)")
+    if edged_notes:
+        print(f"edged: {'; '.join(edged_notes)}")
+    if shm.unavailable:
+        print(f"shared memory: not measured: {shm.unavailable}")
     if triton_note:
         print(f"Triton: {triton_note}")
     if any(not m.stable for row in ordered for m in (row.edged, row.triton)):
         print("~: perf_analyzer found no three windows within 10%; mean of its last three windows, p99 unknown")
+    disturbed = [m for row in ordered for m in (row.in_process, row.edged, row.triton) if m.disturbed]
+    if disturbed:
+        print(
+            f"!: other processes used more than {BUSY_WARNING:.0%} of the CPU during that measurement "
+            f"({len(disturbed)} of them); those figures are likely low: measure them again"
+        )
     if any(share > BUSY_WARNING for share in busy.values()):
         print(
             "warning: other processes used the CPU before "
             + ", ".join(f"{phase} ({share:.0%})" for phase, share in busy.items() if share > BUSY_WARNING)
-            + "; those figures are likely low and noisy"
         )
     errors = [
-        f"{row.model} c={row.concurrency} {label}: {m.error}"
+        f"{row.model} {row.protocol} c={row.concurrency} {label}: {m.error}"
         for row in ordered
         for label, m in (("edged", row.edged), ("triton", row.triton))
         if m.error
@@ -670,6 +1062,8 @@ def main(argv: list[str] | None = None) -> int:
                 "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
                 "machine": machine,
                 "load_generator": load.description,
+                "protocols": [m.name for m in shown],
+                "shared_memory": shm.unavailable or ("measured" if client_shm else "not asked for"),
                 "triton": triton_note,
                 "cpu_busy_before": busy,
                 "rows": [asdict(row) for row in ordered],
