@@ -252,8 +252,9 @@ class PythonModel:
         self._instances = instances
 
     @property
-    def instances(self) -> Sequence[PythonInstance]:
-        return self._instances
+    def instances(self) -> Sequence[Any]:
+        depth = int(os.environ.get("EDGED_LANES", "1"))
+        return [_Lane(i) for _ in range(depth - 1) for i in self._instances] + list(self._instances)
 
     def attach(self) -> None:
         for instance in self._instances:
@@ -269,3 +270,15 @@ class PythonModel:
         for instance in self._instances:
             instance.end_stop()
         self._instances = []
+
+
+class _Lane:
+    def __init__(self, instance: PythonInstance) -> None:
+        self._instance = instance
+        self.name = instance.name
+
+    def execute(self, requests: Any, timing: Any) -> Any:
+        return self._instance.execute(requests, timing)
+
+    def execute_async(self, requests: Any, timing: Any) -> Any:
+        return self._instance.execute_async(requests, timing)

@@ -81,7 +81,8 @@ class _Batch:
     rids: list[int]
     future: asyncio.Future[list[InferResponse | EdgedError | None]]
     timing: ExecutionTiming
-    sent_ns: int
+    # When the stub could begin it: when it was sent, or when the batch ahead of it was answered.
+    begun_ns: int
 
 
 class PythonInstance:
@@ -103,6 +104,7 @@ class PythonInstance:
         self._has_is_ready = False
         self._user_ready = True
         self._ready_asked = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
 
     @property
     def name(self) -> str:
@@ -175,22 +177,47 @@ class PythonInstance:
         state_host = self._state.host
         if state_host is None:
             return [self._error("the python backend serves requests only inside the daemon")] * len(requests)
-        future = asyncio.run_coroutine_threadsafe(self.execute_async(requests, timing), state_host.loop)
+        future = asyncio.run_coroutine_threadsafe(self._execute_when_ready(requests, timing), state_host.loop)
         return [r if r is not None else self._error("no response") for r in future.result()]
 
-    async def execute_async(
+    def execute_async(
+        self, requests: Sequence[InferRequest], timing: ExecutionTiming
+    ) -> asyncio.Future[list[InferResponse | EdgedError | None]]:
+        """Send the batch to the stub; the future resolves when the stub's answer is read. A plain future rather
+        than a coroutine: the caller awaits it directly, with no task and no loop turns of its own."""
+        stub = self._stub
+        if (
+            stub is None
+            or stub.gone
+            or not self._healthy
+            or self._loop is None
+            or (self._restart is not None and not self._restart.done())
+        ):
+            return asyncio.ensure_future(self._execute_when_ready(requests, timing))
+        return self._send_batch(stub, self._loop, requests, timing)
+
+    async def _execute_when_ready(
         self, requests: Sequence[InferRequest], timing: ExecutionTiming
     ) -> list[InferResponse | EdgedError | None]:
         self.attach()
         if self._restart is not None and not self._restart.done():
             await asyncio.shield(self._restart)
         stub = self._stub
-        if not self._healthy or stub is None or stub.gone:
-            if self._restart is None or self._restart.done():
+        if not self._healthy or stub is None or stub.gone or self._loop is None:
+            if self._loop is not None and (self._restart is None or self._restart.done()):
                 self._start_restart("is not running")
             return [self._error(f"Stub process '{self._name}' is not healthy.")] * len(requests)
-        loop = asyncio.get_running_loop()
+        return await self._send_batch(stub, self._loop, requests, timing)
+
+    def _send_batch(
+        self,
+        stub: StubProcess,
+        loop: asyncio.AbstractEventLoop,
+        requests: Sequence[InferRequest],
+        timing: ExecutionTiming,
+    ) -> asyncio.Future[list[InferResponse | EdgedError | None]]:
         started = time.perf_counter_ns()
+        future: asyncio.Future[list[InferResponse | EdgedError | None]] = loop.create_future()
         batch_id = next(self._batch_ids)
         tensors = ipc.TensorWriter()
         rids: list[int] = []
@@ -199,27 +226,39 @@ class PythonInstance:
             rid = next(self._rids)
             rids.append(rid)
             specs.append(self._request_spec(request, rid, tensors))
-        batch = _Batch(requests, rids, loop.create_future(), timing, 0)
         try:
             stub.send({"t": "execute", "batch": batch_id, "requests": specs}, tensors)
         except (ValueError, shm.RingFull) as exc:
-            return [self._error(str(exc))] * len(requests)
-        self._batches[batch_id] = batch
+            future.set_result([self._error(str(exc))] * len(requests))
+            return future
+        sent = time.perf_counter_ns()
+        # The stub runs batches in the order they were sent: this one begins now only if none is ahead of it.
+        self._batches[batch_id] = _Batch(requests, rids, future, timing, sent)
         for request, rid in zip(requests, rids, strict=True):
             if request.stream is not None:
                 self._streams[rid] = request
             request.on_cancel(functools.partial(self._cancel, rid))
-        batch.sent_ns = time.perf_counter_ns()
-        timing.input_ns = batch.sent_ns - started
+        timing.input_ns = sent - started
+        if self._watchdog is None:
+            self._watchdog = loop.call_later(self._state.settings_timeout_s, self._check_timeout)
+        return future
+
+    def _check_timeout(self) -> None:
+        """Kills a stub whose current execute has run past the stub timeout (one timer per instance, not one per
+        request: it looks at the batch the stub is running, then sleeps until that one's deadline)."""
+        self._watchdog = None
+        stub = self._stub
+        if not self._batches or stub is None or stub.gone or self._loop is None:
+            return
         timeout = self._state.settings_timeout_s
-        try:
-            return await asyncio.wait_for(asyncio.shield(batch.future), timeout)
-        except TimeoutError:
+        running = next(iter(self._batches.values()))
+        left_ns = running.begun_ns + int(timeout * 1e9) - time.perf_counter_ns()
+        if left_ns <= 0:
             stub.kill(f"did not return from execute within {timeout:g} s and was killed")
-            return await batch.future  # failed by _on_gone once the process is gone
+            return  # its batches fail once the process is gone
+        self._watchdog = self._loop.call_later(left_ns / 1e9, self._check_timeout)
 
     def _request_spec(self, request: InferRequest, rid: int, tensors: ipc.TensorWriter) -> ipc.RequestMsg:
-        params = request.parameters
         inputs: list[ipc.TensorDesc] = []
         for tensor in request.inputs:
             shape = list(tensor.shape)
@@ -229,20 +268,27 @@ class PythonInstance:
             else:
                 assert tensor.data is not None  # validation decodes every input
                 inputs.append(tensors.add(tensor.name, tensor.datatype, shape, tensor.data))
-        flags = (1 if params.get("sequence_start") else 0) | (2 if params.get("sequence_end") else 0)
-        timeout = params.get("timeout", 0)
-        sequence_id = params.get("sequence_id", 0)
-        other = {key: value for key, value in params.items() if key not in _RESERVED}
-        return {
-            "rid": rid,
-            "id": request.id,
-            "correlation_id": sequence_id if isinstance(sequence_id, (int, str)) else 0,
-            "flags": flags,
-            "timeout": int(timeout) if isinstance(timeout, (int, float)) else 0,
-            "parameters": json.dumps(other),
-            "inputs": inputs,
-            "outputs": [o.name for o in request.outputs] if request.outputs is not None else self._state.output_names,
-        }
+        # Fields at their default value stay out of the message (the stub fills them in).
+        spec: ipc.RequestMsg = {"rid": rid, "inputs": inputs}
+        if request.id:
+            spec["id"] = request.id
+        if request.outputs:
+            spec["outputs"] = [o.name for o in request.outputs]
+        params = request.parameters
+        if params:
+            flags = (1 if params.get("sequence_start") else 0) | (2 if params.get("sequence_end") else 0)
+            timeout = params.get("timeout", 0)
+            sequence_id = params.get("sequence_id", 0)
+            other = {key: value for key, value in params.items() if key not in _RESERVED}
+            if flags:
+                spec["flags"] = flags
+            if sequence_id and isinstance(sequence_id, (int, str)):
+                spec["correlation_id"] = sequence_id
+            if timeout and isinstance(timeout, (int, float)):
+                spec["timeout"] = int(timeout)
+            if other:
+                spec["parameters"] = json.dumps(other)
+        return spec
 
     def _cancel(self, rid: int) -> None:
         if self._stub is not None and not self._stub.gone and (rid in self._streams or self._in_batch(rid)):
@@ -253,14 +299,16 @@ class PythonInstance:
 
     # --- messages from the stub ---------------------------------------------------------------------------------
 
-    def _on_message(self, message: dict[str, Any]) -> None:
+    def _on_message(self, message: dict[str, Any], payload: memoryview | None) -> None:
+        """A message from the stub; ``payload`` (its tensors, when they came inside it) is valid only during the
+        call, so whatever is kept of it is copied."""
         kind = message["t"]
         if kind == "execute_done":
-            self._on_execute_done(message)
+            self._on_execute_done(message, payload)
         elif kind == "response":
-            self._on_response(message)
+            self._on_response(message, payload)
         elif kind == "bls":
-            self._on_bls(message)
+            self._on_bls(message, payload)
         elif kind == "bls_cancel":
             task = self._bls.get(int(message["call"]))
             if task is not None:
@@ -276,23 +324,28 @@ class PythonInstance:
         else:
             raise ValueError(f"unexpected message '{kind}'")
 
-    def _on_execute_done(self, message: dict[str, Any]) -> None:
+    def _on_execute_done(self, message: dict[str, Any], payload: memoryview | None) -> None:
         batch = self._batches.pop(int(message["batch"]), None)
         if batch is None:
             return
         received = time.perf_counter_ns()
+        if self._batches:
+            following = next(iter(self._batches.values()))
+            following.begun_ns = max(following.begun_ns, received)
         block = self._stub.consumer.hold(int(message["blk"][1])) if self._stub and "blk" in message else None
         try:
-            results = self._execute_results(batch, message)
+            results = self._execute_results(batch, message, payload)
         finally:
             if block is not None:
                 block.release()
-        batch.timing.infer_ns = received - batch.sent_ns
+        batch.timing.infer_ns = received - batch.begun_ns
         batch.timing.output_ns = time.perf_counter_ns() - received
         if not batch.future.done():
             batch.future.set_result(results)
 
-    def _execute_results(self, batch: _Batch, message: dict[str, Any]) -> list[InferResponse | EdgedError | None]:
+    def _execute_results(
+        self, batch: _Batch, message: dict[str, Any], payload: memoryview | None
+    ) -> list[InferResponse | EdgedError | None]:
         error = message.get("error")
         if error is not None:
             if message.get("trace"):
@@ -312,9 +365,11 @@ class PythonInstance:
         specs = message.get("responses", [])
         if len(specs) != len(batch.requests):
             return [self._error("the stub answered with the wrong number of responses")] * len(batch.requests)
-        return [self._response(request, spec) for request, spec in zip(batch.requests, specs, strict=True)]
+        return [self._response(request, spec, payload) for request, spec in zip(batch.requests, specs, strict=True)]
 
-    def _response(self, request: InferRequest, spec: ipc.ResponseMsg) -> InferResponse | EdgedError:
+    def _response(
+        self, request: InferRequest, spec: ipc.ResponseMsg, payload: memoryview | None
+    ) -> InferResponse | EdgedError:
         error = spec.get("error")
         if error is not None:
             code = ErrorCode.__members__.get(str(error.get("code")), ErrorCode.INTERNAL)
@@ -335,13 +390,13 @@ class PythonInstance:
                     f"output '{name}' of model '{self._model_name}' is {datatype}, but the model configuration "
                     f"declares {_config_type(expected)}"
                 )
-            # Copied out of the stub's ring, which it reuses as soon as this message is read.
-            array = ipc.read_tensor(stub.consumer, desc, copy=True)
+            # Copied out of the stub's ring (or the packet), which is reused as soon as this message is read.
+            array = ipc.read_tensor(stub.consumer, desc, copy=True, payload=payload)
             outputs.append(InferOutput(name, datatype, tuple(array.shape), array))
         parameters = spec.get("parameters") or {}
         return InferResponse(request.model_name, str(request.model_version), request.id, outputs, dict(parameters))
 
-    def _on_response(self, message: dict[str, Any]) -> None:
+    def _on_response(self, message: dict[str, Any], payload: memoryview | None) -> None:
         rid = int(message["rid"])
         request = self._streams.get(rid)
         block = self._stub.consumer.hold(int(message["blk"][1])) if self._stub and "blk" in message else None
@@ -353,7 +408,7 @@ class PythonInstance:
             if spec is None:
                 item = StreamResponse(None, None, final)
             else:
-                result = self._response(request, spec)
+                result = self._response(request, spec, payload)
                 item = (
                     StreamResponse(None, result, final)
                     if isinstance(result, EdgedError)
@@ -373,7 +428,7 @@ class PythonInstance:
 
     # --- BLS and the model-management calls ---------------------------------------------------------------------
 
-    def _on_bls(self, message: dict[str, Any]) -> None:
+    def _on_bls(self, message: dict[str, Any], payload: memoryview | None) -> None:
         call = int(message["call"])
         spec: ipc.RequestMsg = message["request"]
         stub = self._stub
@@ -381,7 +436,7 @@ class PythonInstance:
         block = stub.consumer.hold(int(message["blk"][1])) if "blk" in message else None
         try:
             inputs = [
-                InferInput(d["n"], d["d"], tuple(d["s"]), ipc.read_tensor(stub.consumer, d, copy=True))
+                InferInput(d["n"], d["d"], tuple(d["s"]), ipc.read_tensor(stub.consumer, d, copy=True, payload=payload))
                 for d in spec.get("inputs", [])
             ]
         finally:

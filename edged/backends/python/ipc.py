@@ -1,11 +1,16 @@
 """The messages between the daemon and a stub process, and how tensors travel with them.
 
 Transport: one ``AF_UNIX``/``SOCK_SEQPACKET`` socket pair per stub, so each message is one packet (no framing,
-and a file descriptor passed with a packet belongs to that message). A message is a JSON object whose ``t`` names
-its kind; tensor data never goes through the socket: the sender writes it into its shared-memory ring
-(edged.backends.python.shm) and the message carries each tensor's position (``TensorDesc``), plus ``blk``, the
-span the receiver holds until it has read or finished with the tensors, and ``region`` with a descriptor when the
-sender has moved to a new ring.
+and a file descriptor passed with a packet belongs to that message). A packet is a JSON object whose ``t`` names
+its kind, then, when tensors travel inside it, a NUL byte and their bytes (the payload; JSON text never holds a
+raw NUL). Tensors of a message travel one of two ways:
+
+* small ones (``INLINE_MAX`` bytes in all, the common case of a request's inputs and outputs) inside the packet,
+  sent straight from the arrays' memory (scatter-gather, no copy on the way out); each ``TensorDesc`` has ``p``,
+  its offset in the payload. Nothing is held or released afterwards, so a round trip costs two syscalls per side.
+* larger ones through the sender's shared-memory ring (edged.backends.python.shm): each ``TensorDesc`` has ``o``,
+  its ring position, and the message has ``blk``, the span the receiver holds until it has read or finished with
+  the tensors, and ``region`` with a descriptor when the sender has moved to a new ring.
 
 Kinds, daemon to stub:
   init {args, model_file, paths, decoupled}            -> init_done {ok, error?, has_is_ready, ready}
@@ -29,6 +34,8 @@ This module is imported by the stub too, so it uses the standard library and num
 from __future__ import annotations
 
 import json
+import math
+import os
 import socket
 import struct
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -36,14 +43,22 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import NotRequired
+
     from edged.backends.python.shm import Consumer, Producer
 
-# A message bigger than a socket's send buffer cannot go as one packet; every message is small (tensors travel in
-# shared memory), and the few free-text fields (log lines, error messages) are cut to fit.
+# A message bigger than a socket's send buffer cannot go as one packet; every message is small (large tensors
+# travel in shared memory), and the few free-text fields (log lines, error messages) are cut to fit.
 MAX_MESSAGE = 160 * 1024
+# Tensors up to this many bytes in all travel inside the packet: below this size, copying them through the socket
+# costs less than the ring's bookkeeping.
+INLINE_MAX = 64 * 1024
 MAX_TEXT = 32 * 1024
 _MAX_FDS = 4
+_DONE_KEYS = frozenset({"t", "batch", "responses"})
 _LENGTH = struct.Struct("<I")
+_FD = struct.Struct("i")
 
 # Wire datatype -> numpy dtype of its binary form (BF16 travels as its uint16 bits).
 NUMPY_BY_DATATYPE: dict[str, np.dtype[Any]] = {
@@ -67,8 +82,9 @@ class TensorDesc(TypedDict):
     n: str  # name
     d: str  # wire datatype
     s: list[int]  # shape
-    o: int  # ring position
     b: int  # byte length of the binary form
+    o: NotRequired[int]  # ring position, for a tensor in shared memory
+    p: NotRequired[int]  # payload offset, for a tensor inside the packet
 
 
 class RequestMsg(TypedDict, total=False):
@@ -130,7 +146,8 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int) -> np.ndarray[Any,
 
 
 class TensorWriter:
-    """Collects the tensors of one message, then writes them into the sender's ring as one block."""
+    """Collects the tensors of one message, then sends them inside the packet (``inline``) or writes them into
+    the sender's ring as one block (``commit``)."""
 
     __slots__ = ("_items", "_total")
 
@@ -155,6 +172,26 @@ class TensorWriter:
         self._total += (length + 63) & ~63
         return desc
 
+    def inline(self) -> list[bytes | memoryview] | None:
+        """When the tensors are small enough to go inside the packet: the buffers that make its payload, each
+        tensor at its offset (64-byte aligned from the payload's start), and every descriptor switched from a
+        ring position to that offset. None when they must go through the ring."""
+        if not self._items or self._total > INLINE_MAX:
+            return None
+        parts: list[bytes | memoryview] = []
+        end = 0
+        for desc, data in self._items:
+            offset = desc.pop("o")
+            desc["p"] = offset
+            length = desc["b"]
+            if length == 0:
+                continue
+            if offset > end:
+                parts.append(_PADDING[: offset - end])
+            parts.append(_wire_bytes(data))
+            end = offset + length
+        return parts
+
     def commit(self, producer: Producer) -> list[int] | None:
         """Write every tensor; returns the block ``[start, end]`` for the message, or None when there is nothing."""
         if not self._items:
@@ -168,29 +205,52 @@ class TensorWriter:
                 continue
             target = view[offset : offset + length]
             if isinstance(data, np.ndarray):
-                dtype = data.dtype if data.dtype.byteorder != ">" else data.dtype.newbyteorder("<")
-                np.frombuffer(target, dtype=dtype, count=data.size)[...] = data.reshape(-1)
+                if data.flags.c_contiguous and data.dtype.byteorder != ">":
+                    target[:] = data.data.cast("B")  # already in its wire form: one plain copy
+                else:
+                    dtype = data.dtype if data.dtype.byteorder != ">" else data.dtype.newbyteorder("<")
+                    np.frombuffer(target, dtype=dtype, count=data.size)[...] = data.reshape(-1)
             else:
                 target[:] = data
         return [start, start + self._total]
 
 
-def read_tensor(consumer: Consumer, desc: TensorDesc, *, copy: bool) -> np.ndarray[Any, Any]:
-    """The tensor a descriptor names, as numpy: a view over the ring unless ``copy`` (BYTES are always copied)."""
-    shape = tuple(int(d) for d in desc["s"])
-    count = 1
-    for dim in shape:
-        count *= dim
+_PADDING = bytes(64)
+
+
+def _wire_bytes(data: np.ndarray[Any, Any] | bytes | memoryview) -> bytes | memoryview:
+    """A tensor's binary form as a flat byte buffer: the array's own memory when it is already in that form."""
+    if not isinstance(data, np.ndarray):
+        return data
+    if not data.flags.c_contiguous or data.dtype.byteorder == ">":
+        data = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+    return data.data.cast("B")
+
+
+def read_tensor(
+    consumer: Consumer, desc: TensorDesc, *, copy: bool, payload: memoryview | None = None
+) -> np.ndarray[Any, Any]:
+    """The tensor a descriptor names, as numpy: a view over the ring or the payload unless ``copy`` (BYTES are
+    always copied)."""
+    shape = desc["s"]
+    count = math.prod(shape)
     datatype = desc["d"]
-    raw = consumer.read(int(desc["o"]), int(desc["b"]))
+    length = desc["b"]
+    offset = desc.get("p")
+    if offset is None:
+        raw = consumer.read(desc["o"], length)
+    else:
+        if payload is None or offset < 0 or length < 0 or offset + length > len(payload):
+            raise ValueError(f"tensor '{desc['n']}' is outside the message's payload")
+        raw = payload[offset : offset + length]
     if datatype == "BYTES":
         return deserialize_bytes(raw, count).reshape(shape)
     dtype = NUMPY_BY_DATATYPE.get(datatype)
     if dtype is None:
         raise ValueError(f"unknown datatype '{datatype}' for tensor '{desc['n']}'")
-    if len(raw) != count * dtype.itemsize:
-        raise ValueError(f"tensor '{desc['n']}' holds {len(raw)} bytes, its shape needs {count * dtype.itemsize}")
-    array = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+    if length != count * dtype.itemsize or count < 0:
+        raise ValueError(f"tensor '{desc['n']}' holds {length} bytes, its shape needs {count * dtype.itemsize}")
+    array = np.frombuffer(raw, dtype=dtype).reshape(shape)
     return array.copy() if copy else array
 
 
@@ -205,21 +265,127 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
     return parent, child
 
 
+# One encoder and decoder for every message: json.dumps and json.loads with options build new ones per call.
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_raw_decode = json.JSONDecoder().raw_decode
+_quote: Callable[[str], str] = json.encoder.encode_basestring_ascii
+_NUL = b"\0"
+_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_MAX_FDS * _FD.size)
+
+
+def _response_json(response: ResponseMsg) -> str:
+    """A response's JSON, written out directly for the common case (tensors only): the generic encoder costs
+    more than the whole of this for these small, fixed shapes. Shapes, offsets and lengths are Python ints here,
+    whose text (a list's included) is valid JSON."""
+    if len(response) != 1 or "outputs" not in response:
+        return _encode_json(response)
+    parts = []
+    for desc in response["outputs"]:
+        name, datatype = _quote(desc["n"]), _quote(desc["d"])
+        where = f'"p":{desc["p"]}' if "p" in desc else f'"o":{desc["o"]}'
+        parts.append(f'{{"n":{name},"d":{datatype},"s":{desc["s"]},{where},"b":{desc["b"]}}}')
+    return '{"outputs":[' + ",".join(parts) + "]}"
+
+
+def _member_json(key: str, value: Any) -> str:
+    if key == "blk":
+        return f',"blk":[{int(value[0])},{int(value[1])}]'
+    if key == "region":
+        return f',"region":{int(value)}'
+    return f",{_quote(key)}:{_encode_json(value)}"
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
-    if len(data) > MAX_MESSAGE:
-        raise ValueError(f"message of {len(data)} bytes is over the limit of {MAX_MESSAGE}")
-    return data
+    """A message's JSON (the stub's encoder; the daemon has a faster one of its own)."""
+    if message["t"] == "execute_done" and "responses" in message:
+        head = f'{{"t":"execute_done","batch":{int(message["batch"])},"responses":['
+        body = ",".join([_response_json(response) for response in message["responses"]])
+        rest = "".join([_member_json(key, value) for key, value in message.items() if key not in _DONE_KEYS])
+        return (head + body + "]" + rest + "}").encode()
+    return _encode_json(message).encode()
 
 
-def send(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
+def decode(data: bytes | memoryview) -> dict[str, Any]:
+    """A message's JSON (the stub's decoder; the daemon has a faster one of its own)."""
+    text = str(data, "utf-8")
+    message, end = _raw_decode(text)
+    if not isinstance(message, dict) or end != len(text):
+        raise ValueError("malformed message")
+    return message
+
+
+def pack(
+    message: dict[str, Any],
+    tensors: TensorWriter | None,
+    producer: Producer,
+    encode_json: Callable[[dict[str, Any]], bytes],
+) -> tuple[list[bytes | memoryview], list[int] | None]:
+    """The packet for a message, its tensors inside it or written into the ring, and the descriptors to send with
+    it (a new region's, a duplicate the caller closes once sent). Raises ValueError when it is over the size limit,
+    RingFull when the ring may not grow."""
+    parts = None
+    if tensors is not None:
+        parts = tensors.inline()
+        if parts is None:
+            block = tensors.commit(producer)
+            if block is not None:
+                message["blk"] = block
+    region = producer.pending_region()
+    if region is not None:
+        message["region"] = region[1]
+    header = encode_json(message)
+    packet: list[bytes | memoryview] = [header]
+    size = len(header)
+    if parts is not None:
+        packet.append(_NUL)
+        packet.extend(parts)
+        size += 1 + sum(len(part) for part in parts)
+    if size > MAX_MESSAGE:
+        raise ValueError(f"message of {size} bytes is over the limit of {MAX_MESSAGE}")
+    fds = None
+    if region is not None:
+        fds = [os.dup(region[0])]
+        producer.region_sent()
+    return packet, fds
+
+
+def send(sock: socket.socket, packet: list[bytes | memoryview], fds: list[int] | None = None) -> None:
+    """One packet: its parts go out as one message, without being joined first."""
     if fds:
-        socket.send_fds(sock, [data], fds)
+        sock.sendmsg(packet, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, b"".join(_FD.pack(fd) for fd in fds))])
+    elif len(packet) == 1:
+        sock.send(packet[0])
     else:
-        sock.send(data)
+        sock.sendmsg(packet)
 
 
-def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """One packet and the descriptors that came with it; empty bytes when the peer has gone."""
-    data, fds, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE + 1, _MAX_FDS)
-    return data, list(fds)
+class Receiver:
+    """Receives packets from one socket into a buffer allocated once, not one per message."""
+
+    __slots__ = ("_buffer", "_buffers", "_sock", "_view")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray(MAX_MESSAGE + 1)
+        self._buffers = [self._buffer]
+        self._view = memoryview(self._buffer)
+
+    def receive(self) -> tuple[memoryview, memoryview | None, list[int]]:
+        """One packet, as its JSON and its payload (views that the next call overwrites), and the descriptors
+        that came with it; the JSON is empty when the peer has gone. Raises BlockingIOError on a non-blocking
+        socket with nothing to read, ValueError for a packet over the size limit."""
+        size, ancillary, flags, _address = self._sock.recvmsg_into(self._buffers, _ANCILLARY_SIZE)
+        fds: list[int] = []
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(data) - len(data) % _FD.size
+                fds.extend(value for (value,) in _FD.iter_unpack(data[:usable]))
+        if flags & _TRUNCATED or size > MAX_MESSAGE:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError(f"a message over the limit of {MAX_MESSAGE} bytes")
+        end = self._buffer.find(0, 0, size)
+        if end < 0:
+            return self._view[:size], None, fds
+        return self._view[:end], self._view[end + 1 : size], fds

@@ -37,6 +37,7 @@ log = logging.getLogger("edged.backends.python")
 STUB_SCRIPT = Path(__file__).with_name("stub.py")
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
+_Packet = list[bytes | memoryview]
 
 
 class StubGone(Exception):
@@ -48,6 +49,7 @@ class StubProcess:
         self.name = name
         parent, child = ipc.socket_pair()
         self._sock = parent
+        self._receiver = ipc.Receiver(parent)
         self.producer = shm.Producer(shm_size)
         self.consumer = shm.Consumer()
         try:
@@ -64,42 +66,31 @@ class StubProcess:
         finally:
             child.close()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_message: Callable[[dict[str, Any]], None] | None = None
+        self._on_message: Callable[[dict[str, Any], memoryview | None], None] | None = None
         self._on_gone: Callable[[], None] | None = None
-        self._queued: deque[tuple[bytes, list[int] | None]] = deque()
+        self._queued: deque[tuple[_Packet, list[int] | None]] = deque()
         self._gone = False
         self.kill_reason = ""
 
     # --- both modes -------------------------------------------------------------------------------------------
 
-    def encode(self, message: dict[str, Any], tensors: ipc.TensorWriter | None) -> tuple[bytes, list[int] | None]:
-        """The packet for a message, its tensors written into the ring (tensor positions go in the message)."""
-        if tensors is not None:
-            block = tensors.commit(self.producer)
-            if block is not None:
-                message["blk"] = block
-        region = self.producer.pending_region()
-        fds = None
-        if region is not None:
-            message["region"] = region[1]
-            fds = [os.dup(region[0])]
-            self.producer.region_sent()
-        data = _encode(message)
-        if len(data) > ipc.MAX_MESSAGE:
-            raise ValueError(f"message of {len(data)} bytes is over the limit of {ipc.MAX_MESSAGE}")
-        return data, fds
+    def encode(self, message: dict[str, Any], tensors: ipc.TensorWriter | None) -> tuple[_Packet, list[int] | None]:
+        """The packet for a message and the descriptors that go with it (see ipc.pack)."""
+        return ipc.pack(message, tensors, self.producer, _encode)
 
-    def decode(self, data: bytes, fds: list[int]) -> dict[str, Any]:
-        message: dict[str, Any] = _decode(data)
-        if not isinstance(message, dict) or not isinstance(message.get("t"), str):
-            raise ValueError("malformed message")
-        size = message.get("region")
-        if size is not None:
-            if not fds:
-                raise ValueError("a new region came without its descriptor")
-            self.consumer.attach(fds.pop(0), int(size))
-        for fd in fds:
-            os.close(fd)
+    def decode(self, data: bytes | memoryview, fds: list[int]) -> dict[str, Any]:
+        try:
+            message: dict[str, Any] = _decode(data)
+            if not isinstance(message, dict) or not isinstance(message.get("t"), str):
+                raise ValueError("malformed message")
+            size = message.get("region")
+            if size is not None:
+                if not fds:
+                    raise ValueError("a new region came without its descriptor")
+                self.consumer.attach(fds.pop(0), int(size))
+        finally:
+            for fd in fds:
+                os.close(fd)
         return message
 
     def exit_description(self) -> str:
@@ -137,8 +128,9 @@ class StubProcess:
 
     def receive_blocking(self, timeout: float | None) -> dict[str, Any]:
         self._sock.settimeout(timeout)
+        data: bytes | memoryview
         try:
-            data, fds = ipc.receive(self._sock)
+            data, _payload, fds = self._receiver.receive()
         except TimeoutError:
             raise
         except OSError:
@@ -179,7 +171,7 @@ class StubProcess:
     def attach(
         self,
         loop: asyncio.AbstractEventLoop,
-        on_message: Callable[[dict[str, Any]], None],
+        on_message: Callable[[dict[str, Any], memoryview | None], None],
         on_gone: Callable[[], None],
     ) -> None:
         """From now on the loop reads the socket (call on the loop's thread)."""
@@ -243,25 +235,34 @@ class StubProcess:
             self._loop.remove_writer(self._sock.fileno())
 
     def _readable(self) -> None:
+        """One message per call: the loop calls again while more are waiting, so no call ends in a failed read.
+        The message's payload is only valid during the callback: whatever is kept of it is copied there."""
         assert self._on_message is not None
-        while True:
-            try:
-                data, fds = ipc.receive(self._sock)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                self._lost()
-                return
-            try:
-                message = self.decode(data, fds)
-                self._on_message(message)
-            except Exception as exc:  # a stub that breaks the protocol is not trusted any further
-                log.error("stub of model instance '%s' sent a message the daemon cannot use: %r", self.name, exc)
-                self.kill("broke the message protocol and was killed")
-                self._lost()
-                return
+        data: bytes | memoryview
+        payload: memoryview | None = None
+        try:
+            data, payload, fds = self._receiver.receive()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds = b"", []
+        except ValueError as exc:  # over the size limit
+            self._broken(exc)
+            return
+        if not data:
+            self._lost()
+            return
+        try:
+            message = self.decode(data, fds)
+            self._on_message(message, payload)
+        except Exception as exc:
+            self._broken(exc)
+
+    def _broken(self, exc: Exception) -> None:
+        """A stub that breaks the protocol is not trusted any further."""
+        log.error("stub of model instance '%s' sent a message the daemon cannot use: %r", self.name, exc)
+        self.kill("broke the message protocol and was killed")
+        self._lost()
 
     def _lost(self) -> None:
         if self._gone:

@@ -73,6 +73,7 @@ class Producer:
         self._max = max_size
         self._region: Region | None = None
         self._position = 0
+        self._consumed = 0  # the consumer's position as last read from the region's header
         # A region the consumer has not been given yet: its fd goes with the next message sent.
         self._unsent_fd: int | None = None
 
@@ -80,22 +81,25 @@ class Producer:
         """Room for ``length`` bytes: their position and a writable view. The message that names the position
         must be the next one sent, with ``pending_region()`` when there is one."""
         region = self._region
-        if length == 0 and region is not None:
-            return self._position, region.view[0:0]
-        if region is None or not self._fits(region, length):
+        if region is None:
             region = self._grow(length)
+        elif length == 0:
+            return self._position, region.view[0:0]
+        else:
+            capacity = region.capacity
+            physical = self._position % capacity
+            end = self._position + length + (capacity - physical if physical + length > capacity else 0)
+            # The consumer's position is read from shared memory only when the last one seen leaves no room.
+            if end - self._consumed > capacity:
+                self._consumed = region.consumed()
+                if end - self._consumed > capacity:
+                    region = self._grow(length)
         physical = self._position % region.capacity
         if physical + length > region.capacity:
             self._position += region.capacity - physical
         start = self._position
         self._position += length
         return start, region.span(start, length)
-
-    def _fits(self, region: Region, length: int) -> bool:
-        free = region.capacity - (self._position - region.consumed())
-        physical = self._position % region.capacity
-        padding = region.capacity - physical if physical + length > region.capacity else 0
-        return padding + length <= free
 
     def _grow(self, length: int) -> Region:
         size = self._initial
@@ -118,6 +122,7 @@ class Producer:
             self._region.close()
         self._region = region
         self._position = 0
+        self._consumed = 0
         self._unsent_fd = fd
         return region
 
@@ -185,7 +190,7 @@ class Consumer:
         region = self._region
         if region is None:
             raise ValueError("no shared memory region has been received")
-        if length > region.capacity or position < 0:
+        if length > region.capacity or length < 0 or position < 0:
             raise ValueError(f"span of {length} bytes at {position} is outside the shared memory region")
         return region.span(position, length)
 

@@ -5,8 +5,11 @@ SOCK_SEQPACKET socket pair. The first message says what to do: ``auto_complete``
 auto_complete_config and exit) or ``init`` (import the model, call initialize, then serve).
 
 Threads: the main thread runs the model (initialize, execute, finalize) one call at a time, as Triton's stub
-does. A reader thread takes every message from the daemon as it arrives, so that BLS replies, cancellations and
-is_ready reach the model while execute runs; it also maps tensors out of shared memory in message order, which
+does, and reads the socket itself whenever it is idle, so a request reaches the model with no hand-over between
+threads. While the model runs, nobody reads the socket until the model needs a message: a BLS call, a
+model-management call or ``is_cancelled`` wakes a reader thread, which then takes the messages as they arrive
+(BLS replies, cancellations; work for the main thread is queued in order) until execute returns. A plain
+execute therefore costs no thread wake-up at all. Tensors are mapped out of shared memory in message order, which
 the ring requires. Sending is serialised by one lock, from whichever thread sends (model threads answering
 through a response sender, the logger). A coroutine ``execute`` runs on an event loop of its own thread.
 
@@ -19,6 +22,7 @@ again once they are loaded so that a model's own imports never find them.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib.util
 import inspect
@@ -70,10 +74,12 @@ class Runtime:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._receiver = ipc.Receiver(sock)
         self._send_lock = threading.Lock()
         self._producer = shm.Producer()
         self._consumer = shm.Consumer()
-        self._work: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        # Work the reader thread received for the main thread, in message order.
+        self._work: collections.deque[dict[str, Any]] = collections.deque()
         self._calls: dict[int, Any] = {}
         self._call_ids = itertools.count(1)
         self._cancelled: set[int] = set()
@@ -85,9 +91,14 @@ class Runtime:
         self.model: Any = None
         self.model_name = ""
         self.output_names: set[str] = set()
-        # Who reads the socket: the main thread while idle, the reader thread while the model runs (busy).
+        self._all_outputs: list[str] = []
+        # Who reads the socket: the main thread while idle; while it is busy in the model, the reader thread, once
+        # something asks for it (``_want_reader``). ``_receiving`` is held by whichever of them is reading.
         self._receiving = threading.Lock()
-        self._busy = threading.Event()
+        self._state = threading.Lock()  # guards _busy and _reader_on
+        self._busy = False
+        self._reader_on = False
+        self._reader_wanted = threading.Event()
         self._wake_read, self._wake_write = os.pipe()
         threading.Thread(target=self._reader, name="edged-stub-reader", daemon=True).start()
 
@@ -95,33 +106,31 @@ class Runtime:
 
     def send(self, message: dict[str, Any], tensors: ipc.TensorWriter | None = None) -> None:
         with self._send_lock:
-            if tensors is not None:
-                block = tensors.commit(self._producer)
-                if block is not None:
-                    message["blk"] = block
-            region = self._producer.pending_region()
-            fds = None
-            if region is not None:
-                message["region"] = region[1]
-                fds = [region[0]]
-            data = ipc.encode(message)
+            packet, fds = ipc.pack(message, tensors, self._producer, ipc.encode)
             try:
-                ipc.send(self._sock, data, fds)
+                ipc.send(self._sock, packet, fds)
             except OSError:
                 os._exit(1)  # the daemon has gone
-            if region is not None:
-                self._producer.region_sent()
+            finally:
+                for fd in fds or ():
+                    os.close(fd)
 
     def receive(self) -> dict[str, Any]:
-        data, fds = ipc.receive(self._sock)
+        """The next message; tensors that came inside it are in ``_payload``, a private copy that the model may
+        keep (the receive buffer is reused by the next message)."""
+        try:
+            data, payload, fds = self._receiver.receive()
+        except (OSError, ValueError):
+            os._exit(1)  # a broken connection: the daemon restarts the stub
         if not data:
             os._exit(0)  # the daemon has gone: nothing is left to answer
-        message: dict[str, Any] = json.loads(data)
+        message = ipc.decode(data)
         size = message.get("region")
         if size is not None:
             self._consumer.attach(fds.pop(0), int(size))
         for fd in fds:
             os.close(fd)
+        message["_payload"] = memoryview(bytearray(payload)) if payload is not None else None
         return message
 
     def _dispatch(self, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -144,42 +153,62 @@ class Runtime:
             return message
         return None
 
+    def _want_reader(self) -> None:
+        """Something in the model waits for a message (a BLS reply, a call's answer, a cancellation): while the
+        main thread is busy in the model, the reader thread must read the socket until execute returns."""
+        if self._reader_on:
+            return
+        with self._state:
+            if self._busy and not self._reader_on:
+                self._reader_on = True
+                self._reader_wanted.set()
+
     def _reader(self) -> None:
-        """Reads the socket while the main thread is busy in the model (which may wait on a BLS reply); the main
-        thread reads it itself when idle, so a request reaches the model without a hand-over between threads."""
+        fd = self._sock.fileno()
         while True:
-            self._busy.wait()
+            self._reader_wanted.wait()
+            self._reader_wanted.clear()
             with self._receiving:
-                fd = self._sock.fileno()
-                while self._busy.is_set():
+                while True:
+                    with self._state:
+                        if not self._busy:
+                            self._reader_on = False
+                            break
                     ready, _, _ = select.select([fd, self._wake_read], [], [])
                     if self._wake_read in ready:
                         os.read(self._wake_read, 512)
                     if fd in ready:
                         work = self._dispatch(self.receive())
                         if work is not None:
-                            self._work.put(work)
+                            self._work.append(work)
 
     def _next_work(self) -> dict[str, Any]:
         while True:
-            try:
-                return self._work.get_nowait()
-            except queue.Empty:
-                pass
+            if self._work:
+                return self._work.popleft()
             with self._receiving:
                 # The reader may have queued work while this thread waited for the socket: it only queues while
                 # it holds the socket, so once this thread holds it, an empty queue means nothing is pending.
-                try:
-                    return self._work.get_nowait()
-                except queue.Empty:
-                    pass
+                if self._work:
+                    return self._work.popleft()
                 work = self._dispatch(self.receive())
             if work is not None:
                 return work
 
     def busy(self) -> _Busy:
-        """While the model runs: the reader thread takes the messages."""
+        """While the model runs (the reader thread reads the socket if the model needs it to)."""
         return _Busy(self)
+
+    def _enter_busy(self) -> None:
+        with self._state:
+            self._busy = True
+
+    def _leave_busy(self) -> None:
+        with self._state:
+            self._busy = False
+            reading = self._reader_on
+        if reading:
+            os.write(self._wake_write, b"x")  # the reader leaves the socket to the main thread
 
     # --- serving ----------------------------------------------------------------------------------------------
 
@@ -189,13 +218,16 @@ class Runtime:
             kind = message["t"]
             reply: dict[str, Any] = {"t": "finalize_done"}
             tensors: ipc.TensorWriter | None = None
-            with self.busy():
+            self._enter_busy()
+            try:
                 if kind == "execute":
                     reply, tensors = self._execute(message)
                 elif kind == "is_ready":
                     reply = {"t": "is_ready_done", "ready": self._is_ready()}
                 elif kind == "finalize":
                     self._finalize()
+            finally:
+                self._leave_busy()
             # Answered once idle again, so that the next request is read by this thread, not handed over.
             try:
                 self.send(reply, tensors)
@@ -208,32 +240,41 @@ class Runtime:
             block: shm.Block | None = message.get("_block")
             if block is not None:
                 block.release()
+            if kind == "execute" and self._cancelled and not self.decoupled:
+                with self._lock:
+                    for request in message["_requests"]:
+                        self._cancelled.discard(request._rid)
             if kind == "finalize":
                 return
 
     def _prepare_execute(self, message: dict[str, Any]) -> None:
         """Map the batch's inputs now, in message order. Decoupled requests may outlive execute, so their inputs
         are copied and the ring space freed at once; otherwise the model reads them in place until execute ends."""
-        block = self._consumer.hold(int(message["blk"][1])) if "blk" in message else None
-        copy = self.decoupled
+        consumer = self._consumer
+        payload = message["_payload"]
+        block = consumer.hold(message["blk"][1]) if "blk" in message else None
+        copy = self.decoupled and block is not None
+        from_wire = pb_utils.Tensor._from_wire
+        read = ipc.read_tensor
         requests = []
         for spec in message["requests"]:
             inputs = [
-                pb_utils.Tensor._from_wire(d["n"], d["d"], ipc.read_tensor(self._consumer, d, copy=copy))
-                for d in spec["inputs"]
+                from_wire(d["n"], d["d"], read(consumer, d, copy=copy, payload=payload)) for d in spec["inputs"]
             ]
-            request = pb_utils.InferenceRequest(
-                request_id=spec.get("id", ""),
-                correlation_id=spec.get("correlation_id", 0),
-                inputs=inputs,
-                requested_output_names=spec.get("outputs", []),
-                model_name=self.model_name,
-                flags=int(spec.get("flags", 0)),
-                timeout=int(spec.get("timeout", 0)),
-                parameters=spec.get("parameters", "{}"),
+            # Fields at their default value are left out of the message.
+            requests.append(
+                pb_utils.InferenceRequest._from_daemon(
+                    spec["rid"],
+                    spec.get("id", ""),
+                    spec.get("correlation_id", 0),
+                    inputs,
+                    spec.get("outputs") or self._all_outputs.copy(),
+                    self.model_name,
+                    spec.get("flags", 0),
+                    spec.get("timeout", 0),
+                    spec.get("parameters", "{}"),
+                )
             )
-            request._rid = int(spec["rid"])
-            requests.append(request)
         message["_requests"] = requests
         if block is not None and copy:
             block.release()
@@ -376,7 +417,10 @@ class Runtime:
         self.send({"t": "log", "level": level if level in _LEVELS else pb_utils.Logger.INFO, "msg": ipc.cut(message)})
 
     def is_cancelled(self, request: pb_utils.InferenceRequest) -> bool:
-        return request._rid in self._cancelled
+        if request._rid in self._cancelled:
+            return True
+        self._want_reader()  # a cancellation may be waiting in the socket: from now on it is read as it comes
+        return False
 
     def send_response(
         self, request: pb_utils.InferenceRequest, response: pb_utils.InferenceResponse | None, flags: int
@@ -421,6 +465,7 @@ class Runtime:
         }
         waiter: Any = pb_utils.ResponseIterator(call) if decoupled else queue.SimpleQueue()
         self._calls[call] = waiter
+        self._want_reader()
         self.send({"t": "bls", "call": call, "decoupled": decoupled, "request": spec}, tensors)
         if decoupled:
             return waiter
@@ -429,6 +474,8 @@ class Runtime:
 
     def _bls_response(self, message: dict[str, Any]) -> None:
         call = int(message["call"])
+        payload = message["_payload"]
+        read = ipc.read_tensor
         block = self._consumer.hold(int(message["blk"][1])) if "blk" in message else None
         try:
             spec: ipc.ResponseMsg = message.get("response") or ipc.ResponseMsg()
@@ -439,7 +486,7 @@ class Runtime:
                 )
             else:
                 outputs = [
-                    pb_utils.Tensor._from_wire(d["n"], d["d"], ipc.read_tensor(self._consumer, d, copy=True))
+                    pb_utils.Tensor._from_wire(d["n"], d["d"], read(self._consumer, d, copy="o" in d, payload=payload))
                     for d in spec.get("outputs", [])
                 ]
                 response = pb_utils.InferenceResponse(outputs, parameters=spec.get("parameters"))
@@ -464,6 +511,7 @@ class Runtime:
         call = next(self._call_ids)
         waiter: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._calls[call] = waiter
+        self._want_reader()
         self.send({"t": "call", "call": call, "op": op, "args": args})
         reply = waiter.get()
         if "error" in reply:
@@ -479,11 +527,10 @@ class _Busy:
         self._runtime = runtime
 
     def __enter__(self) -> None:
-        self._runtime._busy.set()
+        self._runtime._enter_busy()
 
     def __exit__(self, *_: object) -> None:
-        self._runtime._busy.clear()
-        os.write(self._runtime._wake_write, b"x")  # the reader leaves the socket to the main thread
+        self._runtime._leave_busy()
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -537,7 +584,8 @@ def initialize(runtime: Runtime, message: dict[str, Any]) -> bool:
     runtime.model_dir = message["model_dir"]
     runtime.decoupled = bool(message.get("decoupled", False))
     runtime.model_name = message["args"]["model_name"]
-    runtime.output_names = set(message.get("outputs", []))
+    runtime._all_outputs = list(message.get("outputs", []))
+    runtime.output_names = set(runtime._all_outputs)
     try:
         module = load_model_module(message["model_file"], message["paths"])
         model = _model_class(module, message["model_file"])()

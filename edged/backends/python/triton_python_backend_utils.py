@@ -85,6 +85,10 @@ _NUMPY_BY_TRITON_TYPE: dict[int, Any] = {
     12: np.float64,
     13: np.object_,
 }
+# The numeric types by their exact numpy dtype (native byte order), for the lookup every Tensor makes.
+_TRITON_TYPE_BY_DTYPE: dict[np.dtype[Any], int] = {
+    np.dtype(numpy_type): code for code, numpy_type in _NUMPY_BY_TRITON_TYPE.items() if code != _TYPE_BYTES
+}
 _LENGTH = struct.Struct("<I")
 
 
@@ -216,6 +220,9 @@ def triton_to_numpy_type(data_type: int) -> Any:
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
+    code = _TRITON_TYPE_BY_DTYPE.get(data_type) if isinstance(data_type, np.dtype) else None
+    if code is not None:
+        return code
     try:
         dtype = np.dtype(data_type)
     except TypeError:
@@ -241,9 +248,11 @@ class Tensor:
         if not isinstance(name, str):
             raise TypeError("Tensor name must be a str")
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
-        if array.dtype.kind == "U":
-            array = array.astype(np.object_)
-        triton_type = numpy_to_triton_type(array.dtype)
+        triton_type = _TRITON_TYPE_BY_DTYPE.get(array.dtype)
+        if triton_type is None:
+            if array.dtype.kind == "U":
+                array = array.astype(np.object_)
+            triton_type = numpy_to_triton_type(array.dtype)
         if triton_type is None:
             raise TritonModelException(
                 f"Tensor dtype '{array.dtype}' used for '{name}' is not supported by the Python backend"
@@ -376,6 +385,24 @@ class InferenceTrace:
 class InferenceRequest:
     """A request given to ``execute``, or one a model builds to call another model (BLS)."""
 
+    __slots__ = (
+        "_correlation_id",
+        "_flags",
+        "_inputs",
+        "_model_name",
+        "_model_version",
+        "_outputs",
+        "_parameters",
+        "_preferred_memory",
+        "_release_flags",
+        "_request_id",
+        "_rid",
+        "_sender",
+        "_sent_response",
+        "_timeout",
+        "_trace",
+    )
+
     def __init__(
         self,
         request_id: str = "",
@@ -416,6 +443,38 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._sent_response: InferenceResponse | None = None  # default mode answering through the sender
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    @classmethod
+    def _from_daemon(
+        cls,
+        rid: int,
+        request_id: str,
+        correlation_id: int | str,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        model_name: str,
+        flags: int,
+        timeout: int,
+        parameters: str,
+    ) -> InferenceRequest:
+        """A request for ``execute``, from fields the daemon has already checked (no validation per request)."""
+        request = cls.__new__(cls)
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._inputs = inputs
+        request._outputs = requested_output_names
+        request._model_name = model_name
+        request._model_version = -1
+        request._flags = flags
+        request._timeout = timeout
+        request._parameters = parameters
+        request._trace = _NO_TRACE
+        request._preferred_memory = _DEFAULT_MEMORY
+        request._rid = rid
+        request._sender = None
+        request._sent_response = None
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -473,8 +532,14 @@ class InferenceRequest:
         return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
 
 
+_NO_TRACE = InferenceTrace()
+_DEFAULT_MEMORY = PreferredMemory()
+
+
 class InferenceResponse:
     """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``."""
+
+    __slots__ = ("_error", "_parameters", "_tensors")
 
     def __init__(
         self,
@@ -487,10 +552,13 @@ class InferenceResponse:
             raise TritonModelException('"output_tensors" must be a list.')
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException('"error" must be a TritonError.')
-        parsed = json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
-        for key, value in parsed.items():
-            if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
-                raise TritonModelException("response parameters must map str to bool, int or str")
+        if parameters is None or (isinstance(parameters, dict) and not parameters):
+            parsed: dict[str, Any] = {}
+        else:
+            parsed = json.loads(parameters) if isinstance(parameters, str) else dict(parameters)
+            for key, value in parsed.items():
+                if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
+                    raise TritonModelException("response parameters must map str to bool, int or str")
         self._tensors = tensors
         self._error = error
         self._parameters: dict[str, Any] = parsed
