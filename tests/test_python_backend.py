@@ -324,6 +324,43 @@ def test_a_crashed_stub_fails_its_request_and_comes_back(
     assert "misbehave_0' is serving again" in python_server.log()
 
 
+def test_requests_behind_a_crash_are_not_lost(python_server: Server) -> None:
+    """Requests sent while the stub dies with another one: only the request it was running fails; the rest run on
+    the restarted stub, every one answered."""
+    client = httpclient.InferenceServerClient(python_server.http_url, concurrency=16)
+    for _ in range(20):
+        _infer_mode(client, "ok")  # the stub answers quickly: what follows is queued behind the crash
+    mode = httpclient.InferInput("MODE", [1], "BYTES")
+    mode.set_data_from_numpy(np.array([b"os_exit_later"], dtype=np.object_))
+    crash = client.async_infer("misbehave", [mode])
+    time.sleep(0.1)  # it runs
+    followers = []
+    for _ in range(12):
+        tensor = httpclient.InferInput("MODE", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"ok"], dtype=np.object_))
+        followers.append(client.async_infer("misbehave", [tensor]))
+    with pytest.raises(InferenceServerException, match="it exited with status 7"):
+        crash.get_result()
+    pids = {int(call.get_result().as_numpy("OUT")[0]) for call in followers}
+    assert len(pids) >= 1
+    assert all(pid > 0 for pid in pids)
+
+
+def test_many_requests_in_flight_each_get_their_own_answer(python_server: Server) -> None:
+    """With requests queued on the stubs at once, every answer still belongs to its request."""
+    client = httpclient.InferenceServerClient(python_server.http_url, concurrency=16)
+    rng = np.random.default_rng(11)
+    pending = []
+    for _ in range(200):
+        input0 = rng.standard_normal((1, 16)).astype(np.float32)
+        input1 = rng.standard_normal((1, 16)).astype(np.float32)
+        pending.append((input0, input1, client.async_infer("add_sub_python", add_sub_inputs(input0, input1))))
+    for input0, input1, call in pending:
+        result = call.get_result()
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), input0 + input1)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), input0 - input1)
+
+
 def test_the_model_is_not_ready_while_its_stub_restarts(python_client: httpclient.InferenceServerClient) -> None:
     pid = _stub_pid(python_client)
     os.kill(pid, signal.SIGKILL)

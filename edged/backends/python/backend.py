@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from edged.backends import backend_settings, host
 from edged.backends.python import shm
+from edged.backends.python.dispatch import SLOTS_PER_INSTANCE, Dispatcher, Slot
 from edged.backends.python.environment import stub_interpreter
 from edged.backends.python.instance import ModelState, PythonInstance, stub_log
 from edged.backends.python.process import StubGone, StubProcess, stub_environment
@@ -248,13 +249,17 @@ def _paths(context: LoadContext) -> dict[str, Any]:
 
 
 class PythonModel:
+    """A loaded version: its stub instances, and the slots through which the scheduler reaches them (dispatch)."""
+
     def __init__(self, instances: list[PythonInstance]) -> None:
         self._instances = instances
+        self._dispatcher = Dispatcher(instances)
+        count = len(instances)
+        self._slots = [Slot(self._dispatcher, instances[i % count].name) for i in range(count * SLOTS_PER_INSTANCE)]
 
     @property
-    def instances(self) -> Sequence[Any]:
-        depth = int(os.environ.get("EDGED_LANES", "1"))
-        return [_Lane(i) for _ in range(depth - 1) for i in self._instances] + list(self._instances)
+    def instances(self) -> Sequence[Slot]:
+        return self._slots
 
     def attach(self) -> None:
         for instance in self._instances:
@@ -265,20 +270,10 @@ class PythonModel:
 
     def unload(self) -> None:
         """finalize in every stub at once, then wait for each (killed past the stub timeout)."""
+        self._dispatcher.fail_waiting(EdgedError(ErrorCode.UNAVAILABLE, "the model is unloading"))
         for instance in self._instances:
             instance.begin_stop()
         for instance in self._instances:
             instance.end_stop()
         self._instances = []
-
-
-class _Lane:
-    def __init__(self, instance: PythonInstance) -> None:
-        self._instance = instance
-        self.name = instance.name
-
-    def execute(self, requests: Any, timing: Any) -> Any:
-        return self._instance.execute(requests, timing)
-
-    def execute_async(self, requests: Any, timing: Any) -> Any:
-        return self._instance.execute_async(requests, timing)
+        self._slots = []

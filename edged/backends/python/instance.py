@@ -26,7 +26,7 @@ from edged.core.inference import InferInput, InferOutput, InferRequest, InferRes
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from edged.backends.base import ServerApi
     from edged.backends.python.backend import PythonBackend
@@ -75,11 +75,16 @@ class ModelState:
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
 
+Results = list[InferResponse | EdgedError | None]
+# A batch waiting to be sent: its requests, where its timings go, and the future its results go to.
+Queued = tuple["Sequence[InferRequest]", "ExecutionTiming", "asyncio.Future[Results]"]
+
+
 @dataclass(slots=True)
 class _Batch:
     requests: Sequence[InferRequest]
     rids: list[int]
-    future: asyncio.Future[list[InferResponse | EdgedError | None]]
+    future: asyncio.Future[Results]
     timing: ExecutionTiming
     # When the stub could begin it: when it was sent, or when the batch ahead of it was answered.
     begun_ns: int
@@ -105,10 +110,39 @@ class PythonInstance:
         self._user_ready = True
         self._ready_asked = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
+        # Told when a batch is answered (with how long the stub took) or failed, and when a restart is done.
+        self.on_free: Callable[[PythonInstance, int | None], None] | None = None
+        # Given the batches a dead stub never started, to be sent again.
+        self.on_requeue: Callable[[list[Queued]], None] | None = None
 
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def available(self) -> bool:
+        """Whether a batch sent now goes straight to a running stub (on the event loop)."""
+        stub = self._stub
+        return (
+            self._healthy
+            and not self._stopping
+            and stub is not None
+            and not stub.gone
+            and self._loop is not None
+            and (self._restart is None or self._restart.done())
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Batches sent to the stub and not answered yet."""
+        return len(self._batches)
+
+    @property
+    def host_loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._state.host.loop if self._state.host is not None else None
+
+    def no_response(self) -> EdgedError:
+        return self._error("no response")
 
     # --- starting (load thread, or the restart's worker thread) ---------------------------------------------------
 
@@ -181,24 +215,23 @@ class PythonInstance:
         return [r if r is not None else self._error("no response") for r in future.result()]
 
     def execute_async(
-        self, requests: Sequence[InferRequest], timing: ExecutionTiming
-    ) -> asyncio.Future[list[InferResponse | EdgedError | None]]:
-        """Send the batch to the stub; the future resolves when the stub's answer is read. A plain future rather
-        than a coroutine: the caller awaits it directly, with no task and no loop turns of its own."""
+        self,
+        requests: Sequence[InferRequest],
+        timing: ExecutionTiming,
+        future: asyncio.Future[Results] | None = None,
+    ) -> asyncio.Future[Results]:
+        """Send the batch to the stub; the future (``future`` when given) resolves when the stub's answer is read.
+        A plain future rather than a coroutine: the caller awaits it directly, with no task of its own."""
         stub = self._stub
-        if (
-            stub is None
-            or stub.gone
-            or not self._healthy
-            or self._loop is None
-            or (self._restart is not None and not self._restart.done())
-        ):
-            return asyncio.ensure_future(self._execute_when_ready(requests, timing))
-        return self._send_batch(stub, self._loop, requests, timing)
+        if stub is None or self._loop is None or not self.available:
+            task = asyncio.ensure_future(self._execute_when_ready(requests, timing))
+            if future is None:
+                return task
+            task.add_done_callback(functools.partial(_settle, future))
+            return future
+        return self._send_batch(stub, self._loop, requests, timing, future)
 
-    async def _execute_when_ready(
-        self, requests: Sequence[InferRequest], timing: ExecutionTiming
-    ) -> list[InferResponse | EdgedError | None]:
+    async def _execute_when_ready(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> Results:
         self.attach()
         if self._restart is not None and not self._restart.done():
             await asyncio.shield(self._restart)
@@ -215,9 +248,11 @@ class PythonInstance:
         loop: asyncio.AbstractEventLoop,
         requests: Sequence[InferRequest],
         timing: ExecutionTiming,
-    ) -> asyncio.Future[list[InferResponse | EdgedError | None]]:
+        future: asyncio.Future[Results] | None = None,
+    ) -> asyncio.Future[Results]:
         started = time.perf_counter_ns()
-        future: asyncio.Future[list[InferResponse | EdgedError | None]] = loop.create_future()
+        if future is None:
+            future = loop.create_future()
         batch_id = next(self._batch_ids)
         tensors = ipc.TensorWriter()
         rids: list[int] = []
@@ -342,6 +377,8 @@ class PythonInstance:
         batch.timing.output_ns = time.perf_counter_ns() - received
         if not batch.future.done():
             batch.future.set_result(results)
+        if self.on_free is not None:
+            self.on_free(self, batch.timing.infer_ns)
 
     def _execute_results(
         self, batch: _Batch, message: dict[str, Any], payload: memoryview | None
@@ -547,6 +584,11 @@ class PythonInstance:
     def _start_restart(self, reason: str | None) -> None:
         assert self._loop is not None
         self._restart = self._loop.create_task(self._restart_stub(reason))
+        self._restart.add_done_callback(self._restart_done)
+
+    def _restart_done(self, _task: asyncio.Task[None]) -> None:
+        if self.on_free is not None and not self._stopping:
+            self.on_free(self, None)  # serving again (or for good not): what waited for it may go on
 
     async def _restart_stub(self, reason: str | None) -> None:
         loop = asyncio.get_running_loop()
@@ -555,7 +597,7 @@ class PythonInstance:
             await loop.run_in_executor(None, old.close, 2.0)
             reason = reason or old.exit_description()
         error = self._error(f"Stub process '{self._name}' is not healthy: it {reason}.")
-        self._fail_in_flight(error)
+        self._fail_in_flight(error, requeue=True)
         log.error("stub process of model instance '%s' %s; restarting it", self._name, reason)
         self._stub = None
         if self._stopping:
@@ -587,15 +629,27 @@ class PythonInstance:
         self.spawn()
         self.wait_initialized()
 
-    def _fail_in_flight(self, error: EdgedError) -> None:
+    def _fail_in_flight(self, error: EdgedError, *, requeue: bool = False) -> None:
+        """Fail what the stub had in flight. With ``requeue`` (the stub died), only the batch it was running fails:
+        the ones queued behind it never reached the model, so they go back to the dispatcher to run elsewhere or
+        on the new stub, as requests still waiting in a queue would."""
         batches, self._batches = self._batches, {}
-        for batch in batches.values():
+        queued: list[_Batch] = []
+        if requeue and self.on_requeue is not None and len(batches) > 1:
+            queued = list(batches.values())[1:]
+            for batch in queued:
+                for rid in batch.rids:
+                    self._streams.pop(rid, None)
+            self.on_requeue([(batch.requests, batch.timing, batch.future) for batch in queued])
+        for batch in list(batches.values())[: len(batches) - len(queued)]:
             if not batch.future.done():
                 batch.future.set_result([error] * len(batch.requests))
         for rid in list(self._streams):
             self._end_stream(rid, error)
         for task in list(self._bls.values()):
             task.cancel()
+        if batches and self.on_free is not None:
+            self.on_free(self, None)
 
     # --- stopping -----------------------------------------------------------------------------------------------
 
@@ -669,6 +723,18 @@ class PythonInstance:
         return EdgedError(
             ErrorCode.INTERNAL, f"Failed to process the request(s) for model instance '{self._name}', message: {detail}"
         )
+
+
+def _settle(future: asyncio.Future[Results], task: asyncio.Future[Results]) -> None:
+    """Give ``future`` the outcome of ``task``."""
+    if future.done():
+        return
+    if task.cancelled():
+        future.cancel()
+    elif (exc := task.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())
 
 
 def _config_type(wire: str) -> str:

@@ -172,10 +172,10 @@ class TensorWriter:
         self._total += (length + 63) & ~63
         return desc
 
-    def inline(self) -> list[bytes | memoryview] | None:
-        """When the tensors are small enough to go inside the packet: the buffers that make its payload, each
-        tensor at its offset (64-byte aligned from the payload's start), and every descriptor switched from a
-        ring position to that offset. None when they must go through the ring."""
+    def inline(self) -> tuple[list[bytes | memoryview], int] | None:
+        """When the tensors are small enough to go inside the packet: the buffers that make its payload and its
+        size, each tensor at its offset (64-byte aligned from the payload's start), and every descriptor switched
+        from a ring position to that offset. None when they must go through the ring."""
         if not self._items or self._total > INLINE_MAX:
             return None
         parts: list[bytes | memoryview] = []
@@ -190,7 +190,7 @@ class TensorWriter:
                 parts.append(_PADDING[: offset - end])
             parts.append(_wire_bytes(data))
             end = offset + length
-        return parts
+        return parts, end
 
     def commit(self, producer: Producer) -> list[int] | None:
         """Write every tensor; returns the block ``[start, end]`` for the message, or None when there is nothing."""
@@ -324,10 +324,10 @@ def pack(
     """The packet for a message, its tensors inside it or written into the ring, and the descriptors to send with
     it (a new region's, a duplicate the caller closes once sent). Raises ValueError when it is over the size limit,
     RingFull when the ring may not grow."""
-    parts = None
+    inline = None
     if tensors is not None:
-        parts = tensors.inline()
-        if parts is None:
+        inline = tensors.inline()
+        if inline is None:
             block = tensors.commit(producer)
             if block is not None:
                 message["blk"] = block
@@ -337,10 +337,10 @@ def pack(
     header = encode_json(message)
     packet: list[bytes | memoryview] = [header]
     size = len(header)
-    if parts is not None:
+    if inline is not None:
         packet.append(_NUL)
-        packet.extend(parts)
-        size += 1 + sum(len(part) for part in parts)
+        packet.extend(inline[0])
+        size += 1 + inline[1]
     if size > MAX_MESSAGE:
         raise ValueError(f"message of {size} bytes is over the limit of {MAX_MESSAGE}")
     fds = None

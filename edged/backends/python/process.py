@@ -38,6 +38,8 @@ STUB_SCRIPT = Path(__file__).with_name("stub.py")
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _Packet = list[bytes | memoryview]
+# Messages read in one turn of the event loop at most, so that one busy stub cannot hold the loop.
+_READ_BURST = 16
 
 
 class StubGone(Exception):
@@ -235,28 +237,33 @@ class StubProcess:
             self._loop.remove_writer(self._sock.fileno())
 
     def _readable(self) -> None:
-        """One message per call: the loop calls again while more are waiting, so no call ends in a failed read.
-        The message's payload is only valid during the callback: whatever is kept of it is copied there."""
+        """Every message waiting, so that the answers of several batches are handled in one turn of the loop (and
+        the requests they free go to the stub together). A message's payload is only valid until the next read:
+        whatever is kept of it is copied by the handler."""
         assert self._on_message is not None
         data: bytes | memoryview
         payload: memoryview | None = None
-        try:
-            data, payload, fds = self._receiver.receive()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data, fds = b"", []
-        except ValueError as exc:  # over the size limit
-            self._broken(exc)
-            return
-        if not data:
-            self._lost()
-            return
-        try:
-            message = self.decode(data, fds)
-            self._on_message(message, payload)
-        except Exception as exc:
-            self._broken(exc)
+        for _ in range(_READ_BURST):
+            try:
+                data, payload, fds = self._receiver.receive()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            except ValueError as exc:  # over the size limit
+                self._broken(exc)
+                return
+            if not data:
+                self._lost()
+                return
+            try:
+                message = self.decode(data, fds)
+                self._on_message(message, payload)
+            except Exception as exc:
+                self._broken(exc)
+                return
+            if self._gone or self._loop is None:
+                return
 
     def _broken(self, exc: Exception) -> None:
         """A stub that breaks the protocol is not trusted any further."""

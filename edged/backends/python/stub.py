@@ -202,6 +202,11 @@ class Runtime:
     def _enter_busy(self) -> None:
         with self._state:
             self._busy = True
+            if self._calls and not self._reader_on:
+                # A model thread still waits for a BLS reply (a decoupled model answering after execute): it must
+                # not wait for this execute to end.
+                self._reader_on = True
+                self._reader_wanted.set()
 
     def _leave_busy(self) -> None:
         with self._state:

@@ -41,6 +41,9 @@ class TritonPythonModel:
             sys.exit(3)
         if mode == "os_exit":
             os._exit(7)
+        if mode == "os_exit_later":
+            time.sleep(0.5)
+            os._exit(7)
         if mode == "segfault":
             ctypes.string_at(0)
         if mode == "hang":
