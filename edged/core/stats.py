@@ -13,6 +13,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class FailureReason(StrEnum):
+    """Why a request failed, as Triton labels ``nv_inference_request_failure``."""
+
+    REJECTED = "REJECTED"  # refused by the scheduler: queue full, timed out in the queue
+    CANCELED = "CANCELED"  # the client cancelled it
+    BACKEND = "BACKEND"  # the model answered with an error
+    OTHER = "OTHER"
 
 
 @dataclass(slots=True)
@@ -59,6 +69,10 @@ class ModelStatistics:
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
     batch_stats: dict[int, BatchStatistics] = field(default_factory=dict)
+    # Failed requests by reason (their sum is ``fail.count``).
+    failures: dict[FailureReason, int] = field(default_factory=dict)
+    # Requests the scheduler holds that no instance has started yet (Triton's pending request count).
+    pending: int = 0
 
     def record_execution(self, batch_size: int, timing: ExecutionTiming) -> None:
         self.execution_count += 1
@@ -78,6 +92,7 @@ class ModelStatistics:
         self.compute_output.add(timing.output_ns)
         self.last_inference = time.time_ns() // 1_000_000
 
-    def record_failure(self, request_ns: int) -> None:
+    def record_failure(self, request_ns: int, reason: FailureReason = FailureReason.BACKEND) -> None:
         self.fail.add(request_ns)
+        self.failures[reason] = self.failures.get(reason, 0) + 1
         self.last_inference = time.time_ns() // 1_000_000
