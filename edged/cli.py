@@ -109,6 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
     _bool_flag(serve, "--allow-metrics", True, "serve Prometheus metrics")
     serve.add_argument("--metrics-address", default=None, help="defaults to the HTTP address")
     serve.add_argument("--metrics-port", type=_port, default=8002)
+    _bool_flag(serve, "--allow-cpu-metrics", True, "report CPU utilization and memory")
+    _bool_flag(serve, "--allow-gpu-metrics", True, "report NVIDIA GPU utilization, memory and power (when present)")
+    serve.add_argument(
+        "--metrics-interval-ms",
+        type=_positive,
+        default=2000,
+        metavar="MS",
+        help="how often the CPU and GPU metrics are refreshed",
+    )
+    serve.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="counter_latencies, histogram_latencies, summary_latencies (true/false), summary_quantiles (q:e,...)",
+    )
     _bool_flag(serve, "--exit-on-error", False, "exit when a model fails to load at start-up")
     _bool_flag(serve, "--strict-readiness", True, "ready only when every model is ready")
     serve.add_argument(

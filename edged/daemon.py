@@ -20,12 +20,13 @@ import uvicorn
 
 from edged import __version__
 from edged.backends import configure as configure_backends
+from edged.backends import custom_metrics
 from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.frontends.grpc import GrpcOptions, GrpcServer
 from edged.frontends.http import HttpOptions, create_http_app
-from edged.metrics import create_metrics_app
+from edged.metrics import MetricsCollector, ModelMetrics, SystemMetrics, create_metrics_app
 
 if TYPE_CHECKING:
     from edged.settings import Settings
@@ -88,6 +89,7 @@ async def serve(settings: Settings) -> int:
     # Before any model loads: backends read their --backend-config settings, and BLS calls come back here.
     configure_backends(settings.backend_config, service)
     grpc_server: GrpcServer | None = None
+    system_metrics: SystemMetrics | None = None
     servers: list[_Server] = []
     tasks: list[asyncio.Task[None]] = []
     stop = asyncio.Event()
@@ -116,9 +118,16 @@ async def serve(settings: Settings) -> int:
         )
         servers.append(http)
         if settings.allow_metrics:
+            system_metrics = SystemMetrics(
+                cpu=settings.allow_cpu_metrics,
+                gpu=settings.allow_gpu_metrics,
+                interval_ms=settings.metrics_interval_ms,
+            )
+            system_metrics.start()
+            collector = MetricsCollector(ModelMetrics(manager, settings.metrics_config), system_metrics, custom_metrics)
             metrics = _Server(
                 _uvicorn_config(
-                    create_metrics_app(),
+                    create_metrics_app(collector),
                     settings.metrics_address or settings.http_address,
                     settings.metrics_port,
                 )
@@ -173,6 +182,8 @@ async def serve(settings: Settings) -> int:
             stopping.append(grpc_server.stop())
         await asyncio.gather(*stopping, return_exceptions=True)
         await manager.unload_all()
+        if system_metrics is not None:
+            system_metrics.stop()
         shared_memory.close()
         executor.shutdown(wait=False, cancel_futures=True)
         log.info("edged stopped")

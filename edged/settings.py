@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edged.metrics.config import MetricsConfig, parse_metrics_config
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -23,6 +25,10 @@ class Settings:
     allow_metrics: bool = True
     metrics_address: str | None = None
     metrics_port: int = 8002
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
     exit_on_error: bool = False
     strict_readiness: bool = True
     auto_complete_config: bool = True
@@ -57,6 +63,10 @@ class Settings:
             allow_metrics=args.allow_metrics,
             metrics_address=args.metrics_address,
             metrics_port=args.metrics_port,
+            allow_cpu_metrics=args.allow_cpu_metrics,
+            allow_gpu_metrics=args.allow_gpu_metrics,
+            metrics_interval_ms=args.metrics_interval_ms,
+            metrics_config=parse_metrics_config(args.metrics_config),
             exit_on_error=args.exit_on_error,
             strict_readiness=args.strict_readiness,
             auto_complete_config=not args.disable_auto_complete_config,

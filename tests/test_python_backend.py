@@ -18,7 +18,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import ALL_DTYPES, PYTHON_MODELS, PYTHON_STUB_TIMEOUT_S, SHELL_NAME
-from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, add_sub_inputs, run_server
+from prometheus_client.parser import text_string_to_metric_families
+from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, add_sub_inputs, request, run_server
 from tritonclient.utils import InferenceServerException
 
 READY_TIMEOUT_S: Final = 30.0
@@ -231,13 +232,29 @@ def test_logger_lines_reach_the_daemon_log(python_server: Server) -> None:
     assert "WARNING edged.backends.python: misbehave_0: misbehave says: careful" in python_server.log()
 
 
-def test_model_management_and_metrics_api(python_client: httpclient.InferenceServerClient) -> None:
+def test_model_management_and_metrics_api(
+    python_server: Server, python_client: httpclient.InferenceServerClient
+) -> None:
     parameters = _infer_mode(python_client, "api").get_response()["parameters"]
     assert parameters["add_sub_ready"] is True and parameters["add_sub_v1_ready"] is True
     assert parameters["unknown_ready"] is False
     assert Path(parameters["model_dir"]).name == "misbehave"
     assert parameters["load_error"] == "explicit model load / unload is not allowed if polling is enabled"
     assert parameters["counter"] == 2
+    # The metrics endpoint exports the model's family under its own name and labels, summed over every call.
+    calls = _api_calls(python_server)
+    _infer_mode(python_client, "api")
+    assert _api_calls(python_server) == calls + 2
+    metrics = request(python_server.metrics_url, "GET", "/metrics").body.decode()
+    assert "# HELP misbehave_calls calls of the api mode\n# TYPE misbehave_calls counter\n" in metrics
+
+
+def _api_calls(server: Server) -> float:
+    metrics = request(server.metrics_url, "GET", "/metrics").body.decode()
+    (family,) = (f for f in text_string_to_metric_families(metrics) if f.name == "misbehave_calls")
+    (sample,) = family.samples
+    assert sample.labels == {"mode": "api"}
+    return float(sample.value)
 
 
 # --- models that fail -------------------------------------------------------------------------------------------

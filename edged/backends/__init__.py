@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from edged.backends.base import Backend, ServerApi
+    from edged.backends.base import Backend, CustomMetricFamily, ServerApi
 
 # backend name (config.pbtxt `backend`) -> "module:attribute" of its Backend class
 _BACKENDS: dict[str, str] = {
@@ -56,3 +56,13 @@ def get_backend(name: str) -> Backend:
     backend = backend_class()
     _loaded[name] = backend
     return backend
+
+
+def custom_metrics() -> list[CustomMetricFamily]:
+    """The metric families that models created, from every backend loaded so far that keeps any."""
+    families: list[CustomMetricFamily] = []
+    for backend in list(_loaded.values()):
+        snapshot = getattr(backend, "custom_metrics", None)
+        if snapshot is not None:
+            families.extend(snapshot())
+    return families

@@ -15,8 +15,8 @@ through ``edged.backends.host()``, a ServerApi bound to the event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     import asyncio
@@ -38,6 +38,31 @@ class LoadContext:
     model_dir: Path
     version_dir: Path
     model_file: Path
+
+
+@dataclass(slots=True)
+class CustomMetric:
+    """One labelled series of a model's own metric family. ``value`` is a counter's or gauge's value, or a
+    histogram's sum; a histogram also has its ``count`` and per-bucket (not cumulative) ``bucket_counts``, one more
+    than ``buckets`` (the last for observations above every bound)."""
+
+    labels: dict[str, str]
+    value: float = 0.0
+    count: int = 0
+    buckets: list[float] = field(default_factory=list)
+    bucket_counts: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CustomMetricFamily:
+    """A metric family a model created (the Python backend's ``pb_utils.MetricFamily``), exported under its own
+    name. A backend with such families offers ``custom_metrics() -> list[CustomMetricFamily]``, a snapshot that
+    may be taken from any thread."""
+
+    name: str
+    description: str
+    kind: Literal["counter", "gauge", "histogram"]
+    metrics: list[CustomMetric] = field(default_factory=list)
 
 
 class BackendInstance(Protocol):

@@ -11,6 +11,7 @@ size), ``env-cache-directory`` (where packed execution environments are unpacked
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
@@ -19,9 +20,10 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from edged.backends import backend_settings, host
+from edged.backends.base import CustomMetric, CustomMetricFamily
 from edged.backends.python import shm
 from edged.backends.python.dispatch import SLOTS_PER_INSTANCE, Dispatcher, Slot
 from edged.backends.python.environment import stub_interpreter
@@ -86,8 +88,13 @@ class PythonBackend:
             self._settings = Settings.from_backend_config(backend_settings("python"))
         except EdgedError as exc:
             self._settings_error = exc
-        # Custom metric families the models create: kept per instance until the metrics endpoint exports them.
-        self.metrics: dict[str, dict[str, Any]] = {}
+        # Custom metric families the models create, by name, as Triton keeps them: one family per name and one
+        # series per label set, shared by every instance (and model) that creates the same ones. The ids a stub
+        # gives its families and metrics are its own, so they are mapped per instance. Written from the
+        # instances' reader threads, read by the metrics endpoint: under the lock.
+        self._metric_families: dict[str, CustomMetricFamily] = {}
+        self._metric_series: dict[tuple[str, tuple[tuple[str, str], ...]], CustomMetric] = {}
+        self._metric_ids: dict[str, dict[str, Any]] = {}
         self._metrics_lock = threading.Lock()
 
     @property
@@ -213,30 +220,68 @@ class PythonBackend:
             ) from None
 
     def record_metric(self, instance: str, message: dict[str, Any]) -> None:
-        """Custom metrics from a model (pb_utils.MetricFamily): kept with their latest values."""
+        """Custom metrics from a model (pb_utils.MetricFamily and its Metric): families, series and updates."""
         with self._metrics_lock:
-            families = self.metrics.setdefault(instance, {})
+            ids = self._metric_ids.setdefault(instance, {})
             op = message.get("op")
             if op == "family":
-                families[f"family:{message.get('family')}"] = {
-                    "name": message.get("name"),
-                    "description": message.get("description"),
-                    "kind": message.get("kind"),
-                }
+                name = str(message.get("name"))
+                kind = _METRIC_KINDS.get(int(message.get("kind", -1)))
+                if kind is None:
+                    return
+                family = self._metric_families.get(name)
+                if family is None:
+                    family = CustomMetricFamily(name, str(message.get("description", "")), kind)
+                    self._metric_families[name] = family
+                elif family.kind != kind:
+                    log.warning("%s: metric family '%s' exists with another kind; ignored", instance, name)
+                    return
+                ids[f"family:{message.get('family')}"] = family
             elif op == "metric":
-                families[f"metric:{message.get('metric')}"] = {
-                    "family": message.get("family"),
-                    "labels": message.get("labels"),
-                    "buckets": message.get("buckets"),
-                    "value": 0.0,
-                    "count": 0,
-                }
+                family = ids.get(f"family:{message.get('family')}")
+                if family is None:
+                    return
+                labels = {str(k): str(v) for k, v in (message.get("labels") or {}).items()}
+                key = (family.name, tuple(sorted(labels.items())))
+                metric = self._metric_series.get(key)
+                if metric is None:
+                    buckets = sorted(float(b) for b in message.get("buckets") or [])
+                    metric = CustomMetric(labels, buckets=buckets, bucket_counts=[0] * (len(buckets) + 1))
+                    self._metric_series[key] = metric
+                    family.metrics.append(metric)
+                ids[f"metric:{message.get('metric')}"] = metric
             elif op in ("increment", "set", "observe"):
-                metric = families.get(f"metric:{message.get('metric')}")
-                if metric is not None:
-                    value = float(message.get("value", 0.0))
-                    metric["value"] = value if op == "set" else metric["value"] + value
-                    metric["count"] += 1
+                metric = ids.get(f"metric:{message.get('metric')}")
+                if metric is None:
+                    return
+                value = float(message.get("value", 0.0))
+                if op == "set":
+                    metric.value = value
+                    return
+                metric.value += value
+                if op == "observe":
+                    metric.count += 1
+                    metric.bucket_counts[bisect.bisect_left(metric.buckets, value)] += 1
+
+    def custom_metrics(self) -> list[CustomMetricFamily]:
+        """A snapshot of the models' metric families, for the metrics endpoint."""
+        with self._metrics_lock:
+            return [
+                CustomMetricFamily(
+                    family.name,
+                    family.description,
+                    family.kind,
+                    [
+                        CustomMetric(dict(m.labels), m.value, m.count, list(m.buckets), list(m.bucket_counts))
+                        for m in family.metrics
+                    ],
+                )
+                for family in self._metric_families.values()
+            ]
+
+
+# pb_utils.MetricFamily kinds: COUNTER, GAUGE, HISTOGRAM.
+_METRIC_KINDS: dict[int, Literal["counter", "gauge", "histogram"]] = {0: "counter", 1: "gauge", 2: "histogram"}
 
 
 def _paths(context: LoadContext) -> dict[str, Any]:

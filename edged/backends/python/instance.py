@@ -166,7 +166,11 @@ class PythonInstance:
         try:
             reply = stub.receive_blocking(None)
             while reply["t"] != "init_done":
-                stub_log(self._name, reply)
+                # initialize may log, and create its metric families (most models do it there).
+                if reply["t"] == "metric":
+                    self._state.backend.record_metric(self._name, reply)
+                else:
+                    stub_log(self._name, reply)
                 reply = stub.receive_blocking(None)
         except StubGone as exc:
             raise self._start_error(f"its stub process {exc} during initialize") from None

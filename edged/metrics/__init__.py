@@ -1,0 +1,96 @@
+"""The metrics endpoint (Prometheus text format) on its own port, as Triton serves it.
+
+``GET /metrics`` lists, under Triton's names: the per-model families built from the statistics (edged.metrics.
+models), the CPU and GPU gauges (edged.metrics.system), and the metric families models create themselves (the
+Python backend's ``pb_utils.MetricFamily``), under their own names. Any other method on /metrics is 405; any other
+path is 200 with an empty body, as Triton's metrics server answers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edged.metrics.config import MetricsConfig, parse_metrics_config
+from edged.metrics.exposition import CONTENT_TYPE, Family, format_value, render
+from edged.metrics.models import ModelMetrics, observe_first_response, observe_request
+from edged.metrics.system import SystemMetrics
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from typing import Any
+
+    from edged.backends.base import CustomMetricFamily
+
+    Receive = Callable[[], Awaitable[dict[str, Any]]]
+    Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+__all__ = [
+    "MetricsCollector",
+    "MetricsConfig",
+    "ModelMetrics",
+    "SystemMetrics",
+    "create_metrics_app",
+    "observe_first_response",
+    "observe_request",
+    "parse_metrics_config",
+]
+
+
+class MetricsCollector:
+    """Everything one scrape lists, in Triton's order: model families, system gauges, then models' own."""
+
+    def __init__(
+        self,
+        models: ModelMetrics | None = None,
+        system: SystemMetrics | None = None,
+        custom: Callable[[], list[CustomMetricFamily]] | None = None,
+    ) -> None:
+        self._models = models
+        self._system = system
+        self._custom = custom
+
+    def collect(self) -> list[Family]:
+        families: list[Family] = []
+        if self._models is not None:
+            families += self._models.collect()
+        if self._system is not None:
+            families += self._system.collect()
+        if self._custom is not None:
+            families += [custom_family(family) for family in self._custom()]
+        return families
+
+
+def custom_family(family: CustomMetricFamily) -> Family:
+    """A model's own family as Triton exports it: its labels only, sorted; a histogram's count, sum, then its
+    cumulative buckets."""
+    out = Family(family.name, family.description, family.kind)
+    for metric in family.metrics:
+        labels = tuple(sorted(metric.labels.items()))
+        if family.kind != "histogram":
+            out.add(labels, metric.value)
+            continue
+        out.add(labels, metric.count, "_count")
+        out.add(labels, metric.value, "_sum")
+        cumulative = 0
+        for bound, count in zip((*metric.buckets, float("inf")), metric.bucket_counts, strict=True):
+            cumulative += count
+            out.add((*labels, ("le", format_value(bound))), cumulative, "_bucket")
+    return out
+
+
+def create_metrics_app(collector: MetricsCollector) -> Callable[[dict[str, Any], Receive, Send], Awaitable[None]]:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"].rstrip("/")
+        status, body, content_type = 200, b"", "text/plain; charset=utf-8"
+        if path == "/metrics":
+            if scope["method"] not in ("GET", "HEAD"):
+                status = 405
+            else:
+                body, content_type = render(collector.collect()), CONTENT_TYPE
+        headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
