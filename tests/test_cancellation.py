@@ -1,7 +1,11 @@
-"""A client that gives up stops the work done for it: an onnxruntime execution is terminated, not finished."""
+"""A client that gives up stops the work done for it: an onnxruntime execution is terminated, not finished, and a
+Python-backend model sees ``request.is_cancelled()``, whether the client cancels a gRPC call or closes its HTTP
+connection before the answer."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from server import Server, run_server
 from tritonclient.utils import InferenceServerException
@@ -18,6 +23,10 @@ from tritonclient.utils import InferenceServerException
 PRODUCTS = 60
 WIDTH = 1024
 ROWS = 512
+# How long an HTTP client waits before it hangs up: its request must have reached the model by then, or the request
+# is cancelled before the model runs and the model has nothing to see.
+HANG_UP_AFTER_S = 0.5
+TIMEOUT_S = 30.0
 
 
 def _write_slow_model(model_dir: Path) -> None:
@@ -86,4 +95,36 @@ def test_a_cancelled_request_terminates_its_execution(slow_server: Server) -> No
     result = client.infer("slow", [tensor])
     output = result.as_numpy("OUTPUT0")
     assert output is not None and output.shape == (ROWS, WIDTH)
+    client.close()
+
+
+def _hang_up_on(server: Server, model: str, body: bytes, headers: dict[str, str]) -> None:
+    """Sends one infer request, then closes the connection without reading the answer."""
+    host, _, port = server.http_url.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+    try:
+        conn.request("POST", f"/v2/models/{model}/infer", body, headers)
+        time.sleep(HANG_UP_AFTER_S)
+    finally:
+        conn.close()
+
+
+def test_an_http_client_that_hangs_up_cancels_its_request(python_server: Server) -> None:
+    log_before = len(python_server.log())
+    body = {"id": "h1", "inputs": [{"name": "MODE", "shape": [1], "datatype": "BYTES", "data": ["wait_cancel"]}]}
+    _hang_up_on(python_server, "misbehave", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    deadline = time.monotonic() + TIMEOUT_S
+    while "request 'h1' cancelled:" not in python_server.log()[log_before:]:
+        assert time.monotonic() < deadline, "the model never reported whether it saw the cancellation"
+        time.sleep(0.05)
+    log = python_server.log()[log_before:]
+    # Without the cancellation the model would wait out its 10 s and log False.
+    assert "request 'h1' cancelled: True" in log
+    # A client going away is no error of the daemon's, and the daemon goes on serving.
+    assert " ERROR " not in log and "Exception in ASGI application" not in log
+    client = httpclient.InferenceServerClient(python_server.http_url, network_timeout=TIMEOUT_S)
+    mode = httpclient.InferInput("MODE", [1], "BYTES")
+    mode.set_data_from_numpy(np.array([b"ok"], dtype=np.object_))
+    result = client.infer("misbehave", [mode])
+    assert result.as_numpy("OUT") is not None
     client.close()

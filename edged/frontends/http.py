@@ -1,12 +1,14 @@
 """KServe v2 over HTTP (Litestar on uvicorn), with Triton's extensions and Triton's status codes.
 
 The infer endpoint is a plain ASGI handler: it reads the body itself (size limit, decompression) and writes the
-reply bytes itself, so the hot path is one JSON decode, numpy views over the body, and one encode. The other
-endpoints are ordinary Litestar handlers.
+reply bytes itself, so the hot path is one JSON decode, numpy views over the body, and one encode. A client that
+closes its connection before the answer cancels its request, as a cancelled gRPC call does. The other endpoints are
+ordinary Litestar handlers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import zlib
@@ -29,8 +31,10 @@ from edged.frontends.http_codec import (
 )
 
 if TYPE_CHECKING:
-    from litestar.types import Receive, Scope, Send
+    from litestar.types import Receive, ReceiveMessage, Scope, Send
 
+    from edged.core.inference import InferResponse
+    from edged.core.repository_manager import ModelVersion
     from edged.core.service import InferenceService
     from edged.core.stats import Duration, ModelStatistics
 
@@ -358,7 +362,10 @@ class InferRoute:
                 binary_default = True
             else:
                 request, binary_default = decode_infer_request(model_name, version, body, header_length)
-            response = await service.infer(request, model)
+            response = await _infer_unless_disconnected(service, request, model, receive)
+            if response is None:
+                log.debug("client of a POST %s went away: its request was cancelled", scope["path"])
+                return
             payload, json_length = encode_infer_response(response, request.outputs, binary_default)
         except EdgedError as exc:
             await _send(send, status_for(exc), error_body(exc.message), _JSON)
@@ -385,6 +392,62 @@ class InferRoute:
 
 class _BodyTooLarge(Exception):
     pass
+
+
+async def _infer_unless_disconnected(
+    service: InferenceService, request: InferRequest, model: ModelVersion, receive: Receive
+) -> InferResponse | None:
+    """The response; None when the client closed its connection first, which cancels the inference as gRPC's
+    cancellation does: the scheduler marks the request cancelled and the backend stops early where it can."""
+    watch = _DisconnectWatch(receive)
+    try:
+        return await service.infer(request, model)
+    except asyncio.CancelledError:
+        # Only the watch's own cancellation is absorbed; one from elsewhere (shutdown) goes on.
+        if watch.disconnected and watch.task.uncancel() == 0:
+            return None
+        raise
+    finally:
+        watch.stop()
+
+
+class _DisconnectWatch:
+    """Cancels the task serving a request if ``receive()`` reports ``http.disconnect`` while the request runs.
+
+    Once the body is read, uvicorn's ``receive()`` waits until the connection closes, so a task awaits it beside
+    the inference. The task starts only once the inference yields to the event loop: a model that runs inline
+    (add_sub) has answered before, and costs one scheduled callback, not a task. ``stop()`` ends the watch; the
+    watching task, cancelled there, finishes on the loop's next turn, so none outlives its request.
+    """
+
+    __slots__ = ("_receive", "_start", "_watcher", "disconnected", "task")
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI app always runs in a task
+        self.task = task
+        self.disconnected = False
+        self._receive = receive
+        self._watcher: asyncio.Future[ReceiveMessage] | None = None
+        self._start = asyncio.get_running_loop().call_soon(self._begin)
+
+    def _begin(self) -> None:
+        self._watcher = asyncio.ensure_future(self._receive())
+        self._watcher.add_done_callback(self._received)
+
+    def _received(self, watcher: asyncio.Future[ReceiveMessage]) -> None:
+        if watcher is not self._watcher or watcher.cancelled():
+            return  # stopped: the request has its answer
+        if watcher.exception() is None and watcher.result()["type"] == "http.disconnect":
+            self.disconnected = True
+            self.task.cancel()
+        # Anything else is a message this request does not expect: the watch ends without cancelling.
+
+    def stop(self) -> None:
+        self._start.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
 
 def _headers(scope: Scope) -> dict[str, str]:
