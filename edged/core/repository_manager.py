@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from edged.backends import get_backend
 from edged.backends.base import LoadContext
+from edged.core.batcher import DynamicBatcher
 from edged.core.config_defaults import normalize_model_config
 from edged.core.config_validation import validate_model_config
 from edged.core.model_config import parse_model_config
@@ -129,7 +130,15 @@ class ModelRepositoryManager:
             for version in loaded.versions.values():
                 if version.backend_model is not None:
                     version.stats = ModelStatistics(version.name, version.version)
-                    version.scheduler = DirectScheduler(version.backend_model.instances, self._executor, version.stats)
+                    version.scheduler = self._scheduler(version, version.stats)
+
+    def _scheduler(self, version: ModelVersion, stats: ModelStatistics) -> Scheduler:
+        """Triton's: the dynamic batcher for a config with ``dynamic_batching``, else one request per execution."""
+        assert version.backend_model is not None and version.config is not None
+        instances = version.backend_model.instances
+        if version.config.WhichOneof("scheduling_choice") == "dynamic_batching":
+            return DynamicBatcher(instances, self._executor, stats, version.config)
+        return DirectScheduler(instances, self._executor, stats)
 
     def _load(self, source: ModelSource) -> ModelEntry:
         """Blocking: read, complete and check the config, then load each selected version."""

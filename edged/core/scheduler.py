@@ -1,7 +1,7 @@
 """Schedulers hand requests to free model instances.
 
 ``Scheduler.enqueue(request)`` is the one entry point the service uses; the direct scheduler below sends each
-request on its own, and the dynamic batcher will group them behind the same interface.
+request on its own, and the dynamic batcher (edged.core.batcher) groups them behind the same interface.
 
 Threads: ``enqueue`` runs on the event loop. An instance's ``execute`` runs either inline on the loop or on the
 shared worker pool: inline when the model's recent executions were shorter than a thread hand-off costs (tiny
@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from edged.core.stats import ExecutionTiming
+from edged.core.stats import ExecutionTiming, FailureReason
 from edged.errors import EdgedError
 
 if TYPE_CHECKING:
@@ -75,6 +75,11 @@ class DirectScheduler:
         try:
             # Newest-released first: the instance that just ran has its weights and threads warm.
             instance = self._free.pop() if self._free else await self._wait_for_instance()
+        except asyncio.CancelledError:
+            self._done()
+            request.cancel()
+            self._stats.record_failure(time.monotonic_ns() - request.arrival_ns, FailureReason.CANCELED)
+            raise
         except BaseException:
             self._done()
             raise
@@ -86,7 +91,7 @@ class DirectScheduler:
             result = (
                 await self._run(instance, request, timing, asyncio.ensure_future(execute_async((request,), timing)))
             )[0]
-        elif self._average_ns < INLINE_BUDGET_NS and _input_bytes(request) <= INLINE_MAX_INPUT_BYTES:
+        elif self._average_ns < INLINE_BUDGET_NS and input_bytes(request) <= INLINE_MAX_INPUT_BYTES:
             try:
                 start = time.perf_counter_ns()
                 result = instance.execute((request,), timing)[0]
@@ -101,7 +106,7 @@ class DirectScheduler:
         self._stats.record_execution(request.batch_size, timing)
         request_ns = time.monotonic_ns() - request.arrival_ns
         if isinstance(result, EdgedError):
-            self._stats.record_failure(request_ns)
+            self._stats.record_failure(request_ns, _reason(request))
         else:
             self._stats.record_success(request.batch_size, request_ns, queued_ns, timing)
         return result
@@ -136,7 +141,7 @@ class DirectScheduler:
         request_ns = time.monotonic_ns() - request.arrival_ns
         first = None if work.cancelled() or work.exception() is not None else _first_response(work.result())
         if first is None or isinstance(first, EdgedError):
-            self._stats.record_failure(request_ns)
+            self._stats.record_failure(request_ns, FailureReason.CANCELED)
         else:
             self._stats.record_success(request.batch_size, request_ns, 0, timing)
 
@@ -158,6 +163,7 @@ class DirectScheduler:
     async def _wait_for_instance(self) -> BackendInstance:
         waiter: asyncio.Future[BackendInstance] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        self._stats.pending += 1
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -165,6 +171,8 @@ class DirectScheduler:
             if waiter.done() and not waiter.cancelled():
                 self._release(waiter.result())
             raise
+        finally:
+            self._stats.pending -= 1
 
     def _release(self, instance: BackendInstance) -> None:
         while self._waiters:
@@ -175,6 +183,10 @@ class DirectScheduler:
         self._free.append(instance)
 
 
+def _reason(request: InferRequest) -> FailureReason:
+    return FailureReason.CANCELED if request.cancelled else FailureReason.BACKEND
+
+
 def _first_response(outcome: Any) -> Any:
     """The single request's result from what an execution future holds: ``(results, elapsed)`` from the worker
     pool, or the results list of an async backend."""
@@ -182,7 +194,7 @@ def _first_response(outcome: Any) -> Any:
     return results[0] if isinstance(results, list) and results else None
 
 
-def _input_bytes(request: InferRequest) -> int:
+def input_bytes(request: InferRequest) -> int:
     return sum(t.data.nbytes if t.data is not None else 0 for t in request.inputs)
 
 

@@ -12,6 +12,7 @@ refused by validation are not counted, as in Triton. Written and read on the eve
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -92,7 +93,16 @@ class ModelStatistics:
         self.compute_output.add(timing.output_ns)
         self.last_inference = time.time_ns() // 1_000_000
 
+        if request_observer is not None:
+            request_observer(self, request_ns, queue_ns, timing)
+
     def record_failure(self, request_ns: int, reason: FailureReason = FailureReason.BACKEND) -> None:
         self.fail.add(request_ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1
         self.last_inference = time.time_ns() // 1_000_000
+
+
+# Told of every successful request (its statistics, end-to-end and queue nanoseconds, execution timing) when the
+# metrics keep per-request observations (latency summaries, first-response histogram); None while they do not,
+# so that the common case costs one test.
+request_observer: Callable[[ModelStatistics, int, int, ExecutionTiming], None] | None = None

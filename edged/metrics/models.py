@@ -15,6 +15,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from edged.core import stats as stats_module
 from edged.core.stats import FailureReason
 from edged.errors import EdgedError
 from edged.metrics.exposition import Family, Labels, format_value
@@ -147,6 +148,13 @@ class LatencyRecorder:
         self.histograms = config.histogram_latencies
         self._summaries.clear()
         self._histograms.clear()
+        # The statistics call back with every successful request while a family needs them.
+        stats_module.request_observer = self._observed if (self.summaries or self.histograms) else None
+
+    def _observed(self, stats: ModelStatistics, request_ns: int, queue_ns: int, timing: ExecutionTiming) -> None:
+        self.observe_request(stats, request_ns, queue_ns, timing)
+        # A request with one response (every model but a decoupled one) has it when it completes.
+        self.observe_first_response(stats, request_ns)
 
     def observe_request(self, stats: ModelStatistics, request_ns: int, queue_ns: int, timing: ExecutionTiming) -> None:
         if not self.summaries:

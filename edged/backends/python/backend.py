@@ -196,7 +196,10 @@ class PythonBackend:
             for instance in instances:
                 instance.discard()
             raise
-        model = PythonModel(instances)
+        # Behind the dynamic batcher a stub takes one batch at a time, so that requests wait in the batcher's queue
+        # and join a batch there, as in Triton; alone, requests are pipelined to the stubs (see dispatch).
+        batched = config.WhichOneof("scheduling_choice") == "dynamic_batching"
+        model = PythonModel(instances, 1 if batched else SLOTS_PER_INSTANCE)
         if state.host is not None:
             state.host.loop.call_soon_threadsafe(model.attach)
         return model
@@ -296,11 +299,11 @@ def _paths(context: LoadContext) -> dict[str, Any]:
 class PythonModel:
     """A loaded version: its stub instances, and the slots through which the scheduler reaches them (dispatch)."""
 
-    def __init__(self, instances: list[PythonInstance]) -> None:
+    def __init__(self, instances: list[PythonInstance], slots_per_instance: int) -> None:
         self._instances = instances
         self._dispatcher = Dispatcher(instances)
         count = len(instances)
-        self._slots = [Slot(self._dispatcher, instances[i % count].name) for i in range(count * SLOTS_PER_INSTANCE)]
+        self._slots = [Slot(self._dispatcher, instances[i % count].name) for i in range(count * slots_per_instance)]
 
     @property
     def instances(self) -> Sequence[Slot]:

@@ -1,0 +1,335 @@
+"""The dynamic batcher as Triton's config.pbtxt describes it, seen through the batches a Python model receives:
+preferred sizes, the queue delay, priorities, queue policies (timeouts that reject or delay, a bounded queue),
+shapes that may or may not share a batch, response ordering, and instances that run batches at once. An ONNX model
+behind the batcher answers every request with its own rows. Behaviour only: the few waits below are generous
+bounds that make the order of events certain, never measurements."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import modelgen
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import PYTHON_MODELS
+from server import Server, add_sub_inputs, run_server
+from tritonclient.utils import InferenceServerException
+
+RECORDER: Final = PYTHON_MODELS / "batch_recorder.py"
+OUTPUTS: Final = """
+output [
+  { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "ITEMS" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "REQUESTS" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "SAME_SHAPES" data_type: TYPE_BOOL dims: [ 1 ] },
+  { name: "EXECUTION" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "START" data_type: TYPE_FP64 dims: [ 1 ] },
+  { name: "END" data_type: TYPE_FP64 dims: [ 1 ] }
+]
+"""
+# name -> (max_batch_size, instance count, what follows in config.pbtxt)
+MODELS: Final[dict[str, tuple[int, int, str]]] = {
+    "preferred": (8, 1, "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000 }"),
+    "delayed": (8, 1, "dynamic_batching { max_queue_delay_microseconds: 1000000 }"),
+    "immediate": (8, 1, "dynamic_batching { }"),
+    "priorities": (1, 1, "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"),
+    "reject": (
+        1,
+        1,
+        "dynamic_batching { default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 200000 } }",
+    ),
+    "override": (
+        1,
+        1,
+        "dynamic_batching { default_queue_policy { default_timeout_microseconds: 30000000 "
+        "allow_timeout_override: true } }",
+    ),
+    "delay_action": (
+        1,
+        1,
+        "dynamic_batching { default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 1000000 } }",
+    ),
+    "bounded": (1, 1, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }"),
+    "two_instances": (1, 2, "dynamic_batching { }"),
+    "ordered": (1, 2, "dynamic_batching { preserve_ordering: true }"),
+    "unordered": (1, 2, "dynamic_batching { }"),
+    "shapes": (8, 1, "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000 }"),
+}
+RAGGED: Final = "ragged"
+
+
+def _write_recorder(repo: Path, name: str, max_batch_size: int, count: int, scheduling: str, ragged: bool) -> None:
+    version = repo / name / "1"
+    version.mkdir(parents=True)
+    shutil.copy(RECORDER, version / "model.py")
+    flag = " allow_ragged_batch: true" if ragged else ""
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        f'input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ]{flag} }} ]\n{OUTPUTS}'
+        f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n{scheduling}\n",
+        encoding="utf-8",
+    )
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("batching-repo")
+    for name, (max_batch_size, count, scheduling) in MODELS.items():
+        _write_recorder(repo, name, max_batch_size, count, scheduling, ragged=False)
+    _write_recorder(repo, RAGGED, 8, 1, MODELS["shapes"][2], ragged=True)
+    add_sub = repo / "add_sub_batched"
+    modelgen.write_add_sub(add_sub, max_batch_size=8)
+    config = add_sub / "config.pbtxt"
+    config.write_text(
+        config.read_text(encoding="utf-8")
+        + "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000 }\n",
+        encoding="utf-8",
+    )
+    with run_server([repo]) as running:
+        yield running
+
+
+@pytest.fixture
+def client(batching_server: Server) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(batching_server.http_url, concurrency=16, network_timeout=60)
+    yield client
+    client.close()
+
+
+def _inputs(columns: int = 1, rows: int = 1, value: float = 1.0) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("IN", [rows, columns], "FP32")
+    tensor.set_data_from_numpy(np.full((rows, columns), value, dtype=np.float32))
+    return [tensor]
+
+
+def _send(
+    client: httpclient.InferenceServerClient, model: str, sleep_ms: int = 0, **kwargs: Any
+) -> httpclient.InferAsyncRequest:
+    inputs = kwargs.pop("inputs", None) or _inputs()
+    return client.async_infer(model, inputs, parameters={"sleep_ms": sleep_ms}, **kwargs)
+
+
+def _value(result: httpclient.InferResult, name: str) -> Any:
+    return result.as_numpy(name)[0, 0].item()
+
+
+def _hold(client: httpclient.InferenceServerClient, model: str, sleep_ms: int) -> httpclient.InferAsyncRequest:
+    """Keep the model's (single) instance busy, and wait until it is, so that what follows queues."""
+    call = _send(client, model, sleep_ms=sleep_ms)
+    time.sleep(0.2)
+    return call
+
+
+def _statistics(client: httpclient.InferenceServerClient, model: str) -> dict[str, Any]:
+    stats: dict[str, Any] = client.get_inference_statistics(model)["model_stats"][0]
+    return stats
+
+
+def test_concurrent_requests_are_batched_to_the_preferred_size(client: httpclient.InferenceServerClient) -> None:
+    # The queue delay (30 s) never runs out here: every batch goes because it reached the preferred size.
+    calls = [_send(client, "preferred", inputs=_inputs(value=i)) for i in range(8)]
+    results = [call.get_result() for call in calls]
+    assert [_value(r, "ITEMS") for r in results] == [4] * 8
+    assert [_value(r, "REQUESTS") for r in results] == [4] * 8
+    assert [_value(r, "OUT") for r in results] == list(range(8))  # each request gets its own rows back
+    stats = _statistics(client, "preferred")
+    assert stats["execution_count"] == 2
+    assert stats["inference_count"] == 8
+    assert [b["batch_size"] for b in stats["batch_stats"]] == [4]
+
+
+def test_requests_of_several_items_fill_a_batch(client: httpclient.InferenceServerClient) -> None:
+    calls = [_send(client, "preferred", inputs=_inputs(rows=2)) for _ in range(2)]
+    results = [call.get_result() for call in calls]
+    assert [_value(r, "ITEMS") for r in results] == [4, 4]
+    assert [_value(r, "REQUESTS") for r in results] == [2, 2]
+    assert all(r.as_numpy("OUT").shape == (2, 1) for r in results)
+
+
+def test_the_queue_delay_bounds_waiting(client: httpclient.InferenceServerClient) -> None:
+    # Alone, a request waits out the delay (1 s) and then runs as a batch of one...
+    before = _statistics(client, "delayed")["inference_stats"]["queue"]
+    result = _send(client, "delayed").get_result(timeout=30)
+    assert _value(result, "ITEMS") == 1
+    after = _statistics(client, "delayed")["inference_stats"]["queue"]
+    assert after["count"] == before["count"] + 1
+    assert after["ns"] - before["ns"] >= 1_000_000_000
+    # ...and requests that come within the delay share its batch.
+    calls = [_send(client, "delayed") for _ in range(3)]
+    assert [_value(call.get_result(), "ITEMS") for call in calls] == [3, 3, 3]
+
+
+def test_without_a_delay_waiting_requests_join_the_next_batch(client: httpclient.InferenceServerClient) -> None:
+    held = _hold(client, "immediate", 800)
+    calls = [_send(client, "immediate") for _ in range(5)]
+    assert _value(held.get_result(), "ITEMS") == 1
+    # They queued while the instance was busy, and all went in the next execution.
+    assert [_value(call.get_result(), "ITEMS") for call in calls] == [5] * 5
+
+
+def test_priorities_reorder_the_queue(client: httpclient.InferenceServerClient) -> None:
+    held = _hold(client, "priorities", 1000)
+    calls = []
+    # One after the other, so that they arrive in this order.
+    for priority in (2, 2, 0, 1, 7):  # 0: the default level (2); 7: no such level, the default too
+        calls.append(_send(client, "priorities", priority=priority))
+        time.sleep(0.05)
+    low0, low1, default, high, beyond = calls
+    held.get_result()
+    order = {
+        "low0": _value(low0.get_result(), "EXECUTION"),
+        "low1": _value(low1.get_result(), "EXECUTION"),
+        "default": _value(default.get_result(), "EXECUTION"),
+        "high": _value(high.get_result(), "EXECUTION"),
+        "beyond": _value(beyond.get_result(), "EXECUTION"),
+    }
+    assert sorted(order, key=order.__getitem__) == ["high", "low0", "low1", "default", "beyond"]
+
+
+def test_a_request_that_waits_past_its_timeout_is_rejected(client: httpclient.InferenceServerClient) -> None:
+    failures = _statistics(client, "reject")["inference_stats"]["fail"]["count"]
+    held = _hold(client, "reject", 1000)
+    late = _send(client, "reject", request_id="late-1")
+    with pytest.raises(InferenceServerException) as info:
+        late.get_result()
+    assert info.value.status() == "503"
+    assert info.value.message() == "Request timeout expired"
+    assert _value(held.get_result(), "ITEMS") == 1
+    # Nothing else was lost: the model still serves, and the rejection is counted as a failure.
+    assert _value(_send(client, "reject").get_result(), "ITEMS") == 1
+    assert _statistics(client, "reject")["inference_stats"]["fail"]["count"] == failures + 1
+
+
+def test_a_request_may_shorten_its_timeout(client: httpclient.InferenceServerClient) -> None:
+    held = _hold(client, "override", 1000)
+    short = _send(client, "override", timeout=100_000)  # 0.1 s, under the policy's 30 s
+    long = _send(client, "override", timeout=60_000_000)  # may not lengthen it: 30 s, still plenty
+    with pytest.raises(InferenceServerException, match="Request timeout expired"):
+        short.get_result()
+    held.get_result()
+    assert _value(long.get_result(), "ITEMS") == 1
+
+
+def test_a_delayed_request_yields_to_those_still_in_time(client: httpclient.InferenceServerClient) -> None:
+    held = _hold(client, "delay_action", 2000)
+    expired = _send(client, "delay_action")  # its 1 s runs out while the instance is busy
+    time.sleep(1.5)
+    timely = _send(client, "delay_action")  # still in time when the instance frees up
+    held.get_result()
+    late = _value(expired.get_result(), "EXECUTION")
+    assert _value(timely.get_result(), "EXECUTION") < late
+
+
+def test_a_full_queue_answers_unavailable_and_loses_nothing(client: httpclient.InferenceServerClient) -> None:
+    failures = _statistics(client, "bounded")["inference_stats"]["fail"]["count"]
+    held = _hold(client, "bounded", 1000)
+    queued = [_send(client, "bounded") for _ in range(2)]
+    time.sleep(0.1)
+    with pytest.raises(InferenceServerException) as info:
+        _send(client, "bounded", request_id="third").get_result()
+    assert info.value.status() == "503"
+    assert info.value.message() == "[request id: third] Exceeds maximum queue size"
+    held.get_result()
+    assert [_value(call.get_result(), "ITEMS") for call in queued] == [1, 1]
+    # Refused before it was queued, it is not counted (as in Triton); a request that timed out in the queue is.
+    assert _statistics(client, "bounded")["inference_stats"]["fail"]["count"] == failures
+
+
+def test_a_full_queue_over_grpc(batching_server: Server) -> None:
+    client = httpclient.InferenceServerClient(batching_server.http_url, concurrency=4)
+    held = _hold(client, "bounded", 1000)
+    queued = [_send(client, "bounded") for _ in range(2)]
+    time.sleep(0.1)
+    grpc = grpcclient.InferenceServerClient(batching_server.grpc_url)
+    tensor = grpcclient.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        grpc.infer("bounded", [tensor])
+    assert info.value.status() == "StatusCode.UNAVAILABLE"
+    assert info.value.message() == "[request id: <id_unknown>] Exceeds maximum queue size"
+    held.get_result()
+    for call in queued:
+        call.get_result()
+
+
+def test_two_instances_execute_batches_at_once(client: httpclient.InferenceServerClient) -> None:
+    calls = [_send(client, "two_instances", sleep_ms=600) for _ in range(2)]
+    first, second = (call.get_result() for call in calls)
+    assert _value(first, "PID") != _value(second, "PID")
+    # Each began before the other ended.
+    assert _value(first, "START") < _value(second, "END")
+    assert _value(second, "START") < _value(first, "END")
+
+
+def test_preserve_ordering_releases_responses_in_arrival_order(batching_server: Server) -> None:
+    for model, expected in (("unordered", ["fast", "slow"]), ("ordered", ["slow", "fast"])):
+        client = grpcclient.InferenceServerClient(batching_server.grpc_url)
+        order: list[str] = []
+        done = threading.Event()
+
+        def callback(
+            name: str, result: Any, error: Any, order: list[str] = order, done: threading.Event = done
+        ) -> None:
+            order.append(name if error is None else f"{name}: {error}")
+            if len(order) == 2:
+                done.set()
+
+        for name, sleep_ms in (("slow", 800), ("fast", 0)):
+            tensor = grpcclient.InferInput("IN", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+            client.async_infer(
+                model,
+                [tensor],
+                lambda result, error, name=name: callback(name, result, error),
+                parameters={"sleep_ms": sleep_ms},
+            )
+            time.sleep(0.2)  # the slow one is running on one instance when the fast one arrives
+        assert done.wait(30)
+        assert order == expected, model
+        client.close()
+
+
+def test_different_shapes_never_share_a_batch(client: httpclient.InferenceServerClient) -> None:
+    columns = [2, 2, 3, 3, 3, 3]
+    calls = []
+    for width in columns:  # in this order: the first request of another shape sends the batch before it
+        calls.append(_send(client, "shapes", inputs=_inputs(columns=width)))
+        time.sleep(0.05)
+    results = [call.get_result() for call in calls]
+    assert all(_value(r, "SAME_SHAPES") for r in results)
+    assert [_value(r, "REQUESTS") for r in results] == [2, 2, 4, 4, 4, 4]
+    assert [r.as_numpy("OUT").shape for r in results] == [(1, width) for width in columns]
+
+
+def test_ragged_inputs_share_a_batch(client: httpclient.InferenceServerClient) -> None:
+    calls = [_send(client, RAGGED, inputs=_inputs(columns=2 + i % 2)) for i in range(4)]
+    results = [call.get_result() for call in calls]
+    assert [_value(r, "REQUESTS") for r in results] == [4] * 4
+    assert not any(_value(r, "SAME_SHAPES") for r in results)
+
+
+def test_an_onnx_model_answers_each_request_with_its_own_rows(client: httpclient.InferenceServerClient) -> None:
+    rng = np.random.default_rng(5)
+    pairs = [
+        (rng.standard_normal((rows, 16)).astype(np.float32), rng.standard_normal((rows, 16)).astype(np.float32))
+        for rows in (1, 3, 2, 2)
+    ]
+    calls = []
+    for a, b in pairs:  # in this order: 1 + 3 and 2 + 2 items make two batches of the preferred size
+        calls.append(client.async_infer("add_sub_batched", add_sub_inputs(a, b)))
+        time.sleep(0.05)
+    for (a, b), call in zip(pairs, calls, strict=True):
+        result = call.get_result()
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    stats = _statistics(client, "add_sub_batched")
+    assert stats["inference_count"] == 8
+    assert stats["execution_count"] == 2
