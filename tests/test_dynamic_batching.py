@@ -64,6 +64,41 @@ MODELS: Final[dict[str, tuple[int, int, str]]] = {
     "shapes": (8, 1, "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 30000000 }"),
 }
 RAGGED: Final = "ragged"
+# Configs Triton refuses, with the reason Triton 2.51 gives for each.
+REFUSED: Final[dict[str, tuple[int, str, str]]] = {
+    "levels_no_default": (
+        8,
+        "dynamic_batching { priority_levels: 2 }",
+        "default priority level must be in range [1, 2] for levels_no_default",
+    ),
+    "levels_policy_out_of_range": (
+        8,
+        "dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+        "priority_queue_policy { key: 5 value: { max_queue_size: 1 } } }",
+        "priority queue policy must have priority level in range [1, 2] for levels_policy_out_of_range",
+    ),
+    "ordered_levels": (
+        8,
+        "dynamic_batching { preserve_ordering: true priority_levels: 2 default_priority_level: 1 }",
+        "Only one priority level is allowed when 'preserve_ordering' is true for ordered_levels",
+    ),
+    "ordered_delay": (
+        8,
+        "dynamic_batching { preserve_ordering: true "
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100 } }",
+        "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for ordered_delay",
+    ),
+    "preferred_over_max": (
+        8,
+        "dynamic_batching { preferred_batch_size: [ 16 ] }",
+        "dynamic batching preferred size must be <= max batch size for preferred_over_max",
+    ),
+    "preferred_without_batching": (
+        0,
+        "dynamic_batching { preferred_batch_size: [ 2 ] }",
+        "dynamic batching preferred size must be <= max batch size for preferred_without_batching",
+    ),
+}
 
 
 def _write_recorder(repo: Path, name: str, max_batch_size: int, count: int, scheduling: str, ragged: bool) -> None:
@@ -85,6 +120,13 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     for name, (max_batch_size, count, scheduling) in MODELS.items():
         _write_recorder(repo, name, max_batch_size, count, scheduling, ragged=False)
     _write_recorder(repo, RAGGED, 8, 1, MODELS["shapes"][2], ragged=True)
+    # Accepted by Triton: a model without batching behind the batcher, per-level policies without levels.
+    _write_recorder(repo, "unbatched", 0, 1, "dynamic_batching { }", ragged=False)
+    _write_recorder(
+        repo, "policy_without_levels", 8, 1, "dynamic_batching { priority_queue_policy { key: 1 value: { } } }", False
+    )
+    for name, (max_batch_size, scheduling, _) in REFUSED.items():
+        _write_recorder(repo, name, max_batch_size, 1, scheduling, ragged=False)
     add_sub = repo / "add_sub_batched"
     modelgen.write_add_sub(add_sub, max_batch_size=8)
     config = add_sub / "config.pbtxt"
@@ -333,3 +375,20 @@ def test_an_onnx_model_answers_each_request_with_its_own_rows(client: httpclient
     stats = _statistics(client, "add_sub_batched")
     assert stats["inference_count"] == 8
     assert stats["execution_count"] == 2
+
+
+def test_configs_triton_refuses_are_unavailable_with_its_reason(client: httpclient.InferenceServerClient) -> None:
+    index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    for name, (_, _, reason) in REFUSED.items():
+        assert index[name]["state"] == "UNAVAILABLE", name
+        assert index[name]["reason"] == f"Invalid argument: {reason}"
+    for name in ("unbatched", "policy_without_levels"):
+        assert index[name]["state"] == "READY", name
+
+
+def test_a_model_without_batching_behind_the_batcher(client: httpclient.InferenceServerClient) -> None:
+    tensor = httpclient.InferInput("IN", [3], "FP32")
+    tensor.set_data_from_numpy(np.arange(3, dtype=np.float32))
+    calls = [client.async_infer("unbatched", [tensor]) for _ in range(3)]
+    for call in calls:
+        np.testing.assert_array_equal(call.get_result().as_numpy("OUT"), np.arange(3, dtype=np.float32))

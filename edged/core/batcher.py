@@ -115,8 +115,9 @@ class DynamicBatcher:
         self._default_policy = batching.default_queue_policy
         # Level -> queue, kept sorted by level: the first non-empty queue is served first.
         self._queues: dict[int, _PolicyQueue] = {self._default_level: _policy_queue(self._default_policy)}
-        for level, policy in batching.priority_queue_policy.items():
-            self._queues[level] = _policy_queue(policy)
+        if self._levels:  # without priority levels, Triton ignores per-level policies
+            for level, policy in batching.priority_queue_policy.items():
+                self._queues[level] = _policy_queue(policy)
         self._queues = dict(sorted(self._queues.items()))
         self._ragged = frozenset(tensor.name for tensor in config.input if tensor.allow_ragged_batch)
         self._queued = 0

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 WILDCARD_DIM = -1
 TYPE_INVALID = 0
+_DELAY = 1  # ModelQueuePolicy.DELAY
 
 
 def _error(message: str) -> EdgedError:
@@ -35,11 +36,7 @@ def validate_model_config(config: ModelConfig) -> None:
     _validate_tensors(name, "input", config.input, config.max_batch_size)
     _validate_tensors(name, "output", config.output, config.max_batch_size)
     if config.WhichOneof("scheduling_choice") == "dynamic_batching":
-        for size in config.dynamic_batching.preferred_batch_size:
-            if size < 1:
-                raise _error(f"dynamic batching preferred size must be positive for {name}")
-            if config.max_batch_size > 0 and size > config.max_batch_size:
-                raise _error(f"dynamic batching preferred size must be <= max batch size for {name}")
+        _validate_dynamic_batching(config)
     filename = config.default_model_filename
     if filename and (filename.startswith("/") or ".." in filename.split("/")):
         raise _error(f"default_model_filename '{filename}' must name a file inside the version folder for {name}")
@@ -49,6 +46,33 @@ def validate_model_config(config: ModelConfig) -> None:
     for group in config.instance_group:
         if group.count < 1:
             raise _error(f"instance group {group.name} of model {name} must have count >= 1")
+
+
+def _validate_dynamic_batching(config: ModelConfig) -> None:
+    """Triton's checks, with its messages: preferred sizes within max_batch_size (0 included), priority levels in
+    range, and no reordering (priorities, DELAY) where responses must keep their order."""
+    name = config.name
+    batching = config.dynamic_batching
+    for size in batching.preferred_batch_size:
+        if size < 1:
+            raise _error(f"dynamic batching preferred size must be positive for {name}")
+        if size > config.max_batch_size:
+            raise _error(f"dynamic batching preferred size must be <= max batch size for {name}")
+    levels = batching.priority_levels
+    if levels:
+        if not 1 <= batching.default_priority_level <= levels:
+            raise _error(f"default priority level must be in range [1, {levels}] for {name}")
+        for level in batching.priority_queue_policy:
+            if not 1 <= level <= levels:
+                raise _error(f"priority queue policy must have priority level in range [1, {levels}] for {name}")
+    if batching.preserve_ordering:
+        if levels > 1:
+            raise _error(f"Only one priority level is allowed when 'preserve_ordering' is true for {name}")
+        policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+        if any(p.default_timeout_microseconds and p.timeout_action == _DELAY for p in policies):
+            raise _error(
+                f"Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for {name}"
+            )
 
 
 def _validate_tensors(
