@@ -19,7 +19,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import PYTHON_MODELS
-from server import Server, add_sub_inputs, run_server
+from prometheus_client.parser import text_string_to_metric_families
+from server import Server, add_sub_inputs, request, run_server
 from tritonclient.utils import InferenceServerException
 
 RECORDER: Final = PYTHON_MODELS / "batch_recorder.py"
@@ -392,3 +393,33 @@ def test_a_model_without_batching_behind_the_batcher(client: httpclient.Inferenc
     calls = [client.async_infer("unbatched", [tensor]) for _ in range(3)]
     for call in calls:
         np.testing.assert_array_equal(call.get_result().as_numpy("OUT"), np.arange(3, dtype=np.float32))
+
+
+def _metric(server: Server, name: str, model: str, **labels: str) -> float:
+    reply = request(server.metrics_url, "GET", "/metrics")
+    for family in text_string_to_metric_families(reply.body.decode()):
+        for sample in family.samples:
+            if family.name == name and sample.labels.get("model") == model and labels.items() <= sample.labels.items():
+                return float(sample.value)
+    raise AssertionError(f"no {name} for {model}")
+
+
+def test_metrics_show_the_queue_and_its_rejections(
+    batching_server: Server, client: httpclient.InferenceServerClient
+) -> None:
+    rejected = _metric(batching_server, "nv_inference_request_failure", "reject", reason="REJECTED")
+    held = _hold(client, "bounded", 1000)
+    queued = [_send(client, "bounded") for _ in range(2)]
+    time.sleep(0.2)
+    assert _metric(batching_server, "nv_inference_pending_request_count", "bounded") == 2
+    held.get_result()
+    for call in queued:
+        call.get_result()
+    assert _metric(batching_server, "nv_inference_pending_request_count", "bounded") == 0
+    # A request that timed out in the queue is a failure for the reason REJECTED.
+    held = _hold(client, "reject", 800)
+    late = _send(client, "reject")
+    with pytest.raises(InferenceServerException):
+        late.get_result()
+    held.get_result()
+    assert _metric(batching_server, "nv_inference_request_failure", "reject", reason="REJECTED") == rejected + 1
