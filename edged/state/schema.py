@@ -1,0 +1,120 @@
+"""The state database's tables as SQLAlchemy 2 typed ORM models.
+
+A change here needs a new revision in ``migrations/versions/``; ``tests/test_state_store.py`` fails when the
+models and the migrations disagree.
+
+Timestamps are stored as naive UTC (SQLite has no time zone type) and come back tz-aware in UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
+
+from sqlalchemy import CheckConstraint, DateTime, ForeignKey, Index, MetaData, String, Text, TypeDecorator
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Dialect
+
+# Named constraints, so that a later migration can alter them (SQLite's batch mode rebuilds tables by name).
+NAMING_CONVENTION: Final = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A tz-aware datetime stored as naive UTC; a naive value is a programming error, refused."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value.isoformat()} given; state timestamps must be tz-aware")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Model(Base):
+    """One row per model name ever seen, loaded or asked for; never deleted, so its history stays."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+
+
+class ModelVersion(Base):
+    """A version found in the repository: where, what its files hash to, how big, when first and last seen."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (CheckConstraint("size >= 0", name="size_not_negative"),)
+
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(primary_key=True)
+    path: Mapped[str] = mapped_column(Text)
+    checksum: Mapped[str] = mapped_column(String)
+    size: Mapped[int]
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Transition(Base):
+    """One state change of a model (``version`` NULL) or of one of its versions.
+
+    ``previous`` is copied from the latest row for the same model and version when the row is written, so that
+    reading history never has to look back. ``id`` orders the rows: the clock may step back, the ids do not.
+    """
+
+    __tablename__ = "transitions"
+    __table_args__ = (
+        CheckConstraint("duration_s IS NULL OR duration_s >= 0", name="duration_not_negative"),
+        # history(name): newest first within one model.
+        Index("ix_transitions_model_id_id", "model_id", "id"),
+        # transition(): the latest state of one model and version.
+        Index("ix_transitions_model_id_version_id", "model_id", "version", "id"),
+        # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[int | None]
+    state: Mapped[str] = mapped_column(String)
+    previous: Mapped[str | None] = mapped_column(String)
+    source: Mapped[str] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    duration_s: Mapped[float | None]
+
+
+class DesiredModel(Base):
+    """A model explicit mode should have loaded. ``by_policy``: the versions its version policy picks."""
+
+    __tablename__ = "desired_models"
+
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    by_policy: Mapped[bool]
+    set_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class DesiredVersion(Base):
+    """One version of a desired model that was asked for by number (only when ``by_policy`` is false)."""
+
+    __tablename__ = "desired_versions"
+
+    model_id: Mapped[int] = mapped_column(ForeignKey("desired_models.model_id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(primary_key=True)

@@ -1,0 +1,428 @@
+"""StateStore: the one module that issues SQL, over one SQLite file ``<state_dir>/edged.db``.
+
+Threads: every method is synchronous and takes the store's lock, so the store may be shared between threads; the
+daemon calls it from one dedicated worker thread, never on the event loop (a write waits on fsync and, when another
+process holds the write lock, on SQLite's busy timeout). Other processes may read the file at the same time: in
+WAL mode readers never block the writer and see only committed transactions.
+
+Durability: each method is one short transaction. Writes begin with ``BEGIN IMMEDIATE``, so a write takes SQLite's
+write lock before it reads (no lock upgrade that could fail half way). With WAL and ``synchronous=NORMAL`` a
+committed transaction survives the process being killed; a power cut may lose the last few commits, never the
+database's consistency.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Final, Self
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import URL, Connection, Engine, create_engine, delete, event, func, inspect, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+import edged
+from edged.state.schema import DesiredModel, DesiredVersion, Model, ModelVersion, Transition
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from sqlalchemy.pool import ConnectionPoolEntry
+
+DB_NAME: Final = "edged.db"
+MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
+# How long a write waits for another process's write lock before it fails with "database is locked".
+BUSY_TIMEOUT_S: Final = 5.0
+# An execution option (ours, not SQLAlchemy's) that makes the "begin" hook emit BEGIN IMMEDIATE.
+_WRITE: Final = "edged_write"
+
+# SQLite's errors that an operator can act on: what to say after the file's name instead of SQLite's bare text.
+_MOVE_ASIDE: Final = "move it aside and edged starts with an empty state (the models stay in the repository)"
+_EXPLAINED: Final = {
+    "file is not a database": f"is not a SQLite database; {_MOVE_ASIDE}",
+    "database disk image is malformed": f"is corrupt (database disk image is malformed); {_MOVE_ASIDE}",
+    "unable to open database file": "cannot be opened; check that it and its directory are writable by this user",
+    "attempt to write a readonly database": "is read-only; check the permissions of the file and of its directory",
+    "database is locked": "is locked by another process; is another edged running with the same state directory?",
+}
+
+
+class StateError(Exception):
+    """A state database that cannot be used; the message is one clear line for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    """One state transition of a model (``version`` None) or of one of its versions."""
+
+    id: int
+    model: str
+    version: int | None
+    state: str  # Triton's model states: READY, UNAVAILABLE, LOADING, UNLOADING, and UNLOADED once gone
+    previous: str | None  # the state before, for the same model and version; None for the first one
+    source: str  # what caused it: startup, poll, api, upload or sync
+    reason: str
+    at: datetime  # tz-aware, UTC
+    duration_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SeenVersion:
+    """A version of a model as last found in the repository."""
+
+    version: int
+    path: str
+    checksum: str
+    size: int  # bytes
+    first_seen: datetime  # tz-aware, UTC
+    last_seen: datetime  # tz-aware, UTC
+
+
+def alembic_config(db: Path) -> Config:
+    """Alembic's configuration for the database at ``db``, built in code: edged ships no alembic.ini."""
+    config = Config()
+    # Config values go through ConfigParser interpolation, where "%" starts a reference.
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    config.set_main_option("path_separator", "os")
+    url = URL.create("sqlite", database=str(db)).render_as_string(hide_password=False)
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+class StateStore:
+    """The daemon's state: models and versions seen, every state transition, explicit mode's desired set."""
+
+    def __init__(self, path: Path, engine: Engine) -> None:
+        """Use ``StateStore.open``, which checks and migrates the database first."""
+        self._path = path
+        self._engine = engine
+        self._reader = engine
+        self._writer = engine.execution_options(**{_WRITE: True})
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, state_dir: Path) -> StateStore:
+        """Opens (creating it if needed) ``<state_dir>/edged.db`` and migrates its schema to this edged's.
+
+        Raises StateError, naming the file, for a directory that cannot be created or written, a file that is not
+        a SQLite database or is corrupt, a schema newer than this edged knows, or a file that is not edged's.
+        """
+        state_dir = Path(state_dir)
+        db = state_dir / DB_NAME
+        try:
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise StateError(f"state database {db}: cannot create directory {state_dir}: {reason}") from error
+        # Checked up front because SQLite's own error ("unable to open database file") would not say why; WAL
+        # needs to create the -wal and -shm files beside the database even when the database itself exists.
+        if not os.access(state_dir, os.W_OK | os.X_OK):
+            raise StateError(f"state database {db}: directory {state_dir} is not writable by this user")
+        engine = _create_engine(db)
+        try:
+            _check_and_migrate(engine, db)
+        except DBAPIError as error:
+            engine.dispose()
+            raise StateError(_describe(db, error)) from error
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(db, engine)
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    def close(self) -> None:
+        """Closes the connection (SQLite then checkpoints the WAL into the file). Closing twice is harmless."""
+        with self._lock:
+            self._closed = True
+            self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- models and versions seen --------------------------------------------------------------------------
+
+    def model_seen(self, name: str, path: str, version: int, checksum: str, size: int) -> None:
+        """Records that ``version`` of ``name`` is in the repository now: first_seen is kept, the rest updated."""
+        if size < 0:
+            raise ValueError(f"size of version {version} of model '{name}' must not be negative, got {size}")
+        now = _now()
+        with self._session(write=True) as session:
+            model_id = _model_id(session, name)
+            insert = sqlite_insert(ModelVersion).values(
+                model_id=model_id,
+                version=version,
+                path=path,
+                checksum=checksum,
+                size=size,
+                first_seen=now,
+                last_seen=now,
+            )
+            session.execute(
+                insert.on_conflict_do_update(
+                    index_elements=[ModelVersion.model_id, ModelVersion.version],
+                    set_={
+                        "path": insert.excluded.path,
+                        "checksum": insert.excluded.checksum,
+                        "size": insert.excluded.size,
+                        "last_seen": insert.excluded.last_seen,
+                    },
+                )
+            )
+
+    def model_versions(self, name: str) -> list[SeenVersion]:
+        """Every version of ``name`` ever seen, by version number; empty for a model never seen."""
+        with self._session(write=False) as session:
+            rows = session.scalars(
+                select(ModelVersion)
+                .join(Model, Model.id == ModelVersion.model_id)
+                .where(Model.name == name)
+                .order_by(ModelVersion.version)
+            )
+            return [
+                SeenVersion(row.version, row.path, row.checksum, row.size, row.first_seen, row.last_seen)
+                for row in rows
+            ]
+
+    # --- history ---------------------------------------------------------------------------------------------
+
+    def transition(
+        self,
+        name: str,
+        version: int | None,
+        state: str,
+        source: str,
+        reason: str = "",
+        duration_s: float | None = None,
+    ) -> HistoryEvent:
+        """Records a state change of a model (``version`` None) or of one version; returns it as stored."""
+        if duration_s is not None and not duration_s >= 0:  # "not >=" also refuses NaN
+            raise ValueError(f"duration of the '{name}' transition to {state} must be >= 0 seconds, got {duration_s}")
+        now = _now()
+        with self._session(write=True) as session:
+            model_id = _model_id(session, name)
+            same_version = Transition.version.is_(None) if version is None else Transition.version == version
+            previous = session.scalar(
+                select(Transition.state)
+                .where(Transition.model_id == model_id, same_version)
+                .order_by(Transition.id.desc())
+                .limit(1)
+            )
+            row = Transition(
+                model_id=model_id,
+                version=version,
+                state=state,
+                previous=previous,
+                source=source,
+                reason=reason,
+                at=now,
+                duration_s=duration_s,
+            )
+            session.add(row)
+            session.flush()  # assigns row.id
+            return _event(row, name)
+
+    def history(self, name: str | None, *, offset: int = 0, limit: int = 50) -> tuple[list[HistoryEvent], int]:
+        """A page of transitions, newest first, and how many there are in all; ``name`` None: every model's."""
+        if offset < 0 or limit < 1:
+            raise ValueError(f"history needs offset >= 0 and limit >= 1, got offset {offset} and limit {limit}")
+        with self._session(write=False) as session:
+            page = select(Transition, Model.name).join(Model, Model.id == Transition.model_id)
+            count = select(func.count()).select_from(Transition)
+            if name is not None:
+                model_id = session.scalar(select(Model.id).where(Model.name == name))
+                if model_id is None:
+                    return [], 0
+                page = page.where(Transition.model_id == model_id)
+                count = count.where(Transition.model_id == model_id)
+            total = session.scalar(count) or 0
+            rows = session.execute(page.order_by(Transition.id.desc()).offset(offset).limit(limit))
+            return [_event(row, model) for row, model in rows], total
+
+    # --- explicit mode's desired set -------------------------------------------------------------------------
+
+    def desired(self) -> dict[str, list[int] | None]:
+        """Model name -> the versions asked for (ascending), or None for "as the model's version policy says"."""
+        with self._session(write=False) as session:
+            rows = session.execute(
+                select(Model.name, DesiredModel.by_policy, DesiredVersion.version)
+                .join(DesiredModel, DesiredModel.model_id == Model.id)
+                .outerjoin(DesiredVersion, DesiredVersion.model_id == DesiredModel.model_id)
+                .order_by(Model.name, DesiredVersion.version)
+            )
+            result: dict[str, list[int] | None] = {}
+            for name, by_policy, version in rows:
+                if by_policy:
+                    result[name] = None
+                    continue
+                versions = result.setdefault(name, [])
+                if versions is not None and version is not None:
+                    versions.append(version)
+            return result
+
+    def set_desired(self, name: str, versions: list[int] | None) -> None:
+        """Replaces what is desired of ``name``: these versions (duplicates dropped), or None for its policy's."""
+        now = _now()
+        with self._session(write=True) as session:
+            model_id = _model_id(session, name)
+            upsert = sqlite_insert(DesiredModel).values(model_id=model_id, by_policy=versions is None, set_at=now)
+            session.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=[DesiredModel.model_id],
+                    set_={"by_policy": upsert.excluded.by_policy, "set_at": upsert.excluded.set_at},
+                )
+            )
+            session.execute(delete(DesiredVersion).where(DesiredVersion.model_id == model_id))
+            if versions:
+                session.add_all(DesiredVersion(model_id=model_id, version=v) for v in sorted(set(versions)))
+
+    def remove_desired(self, name: str) -> None:
+        """Drops ``name`` from the desired set; a model not in it is left as it is."""
+        with self._session(write=True) as session:
+            # desired_versions rows go with it: ON DELETE CASCADE, with foreign_keys=ON on every connection.
+            session.execute(
+                delete(DesiredModel).where(
+                    DesiredModel.model_id == select(Model.id).where(Model.name == name).scalar_subquery()
+                )
+            )
+
+    # --- maintenance -----------------------------------------------------------------------------------------
+
+    def integrity_check(self) -> str:
+        """SQLite's full ``PRAGMA integrity_check``: "ok", or its findings joined with "; "."""
+        with self._session(write=False) as session:
+            findings = session.connection().exec_driver_sql("PRAGMA integrity_check").scalars().all()
+            return "; ".join(str(finding) for finding in findings)
+
+    @contextmanager
+    def _session(self, *, write: bool) -> Iterator[Session]:
+        """One transaction under the store's lock; SQLite's errors come out as StateError."""
+        with self._lock:
+            if self._closed:
+                raise StateError(f"state database {self._path} is closed")
+            try:
+                with Session(self._writer if write else self._reader) as session, session.begin():
+                    yield session
+            except DBAPIError as error:
+                raise StateError(_describe(self._path, error)) from error
+
+
+def _create_engine(db: Path) -> Engine:
+    engine = create_engine(
+        URL.create("sqlite", database=str(db)),
+        # The store's lock serialises every use, so one connection is all it needs; the connection is made on
+        # the thread that opens the store and used on the daemon's worker thread, hence check_same_thread.
+        pool_size=1,
+        max_overflow=0,
+        connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
+    )
+
+    @event.listens_for(engine, "connect")
+    def configure(connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
+        # The begin hook below emits BEGIN itself; sqlite3's legacy transaction control would skip BEGIN before
+        # DDL (the migrations) and SELECT, so neither would be inside the transaction.
+        connection.isolation_level = None
+        cursor = connection.cursor()
+        try:
+            # Persistent in the file: readers in other processes never block the writer, and a killed writer
+            # leaves a WAL that the next open rolls back or forward.
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")  # per connection, off by default
+            cursor.execute("PRAGMA synchronous=NORMAL")  # with WAL: fsync at checkpoints, not at every commit
+            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if connection.get_execution_options().get(_WRITE) else "BEGIN")
+
+    return engine
+
+
+def _check_and_migrate(engine: Engine, db: Path) -> None:
+    """Refuses a corrupt, foreign or newer database, then applies the migrations up to head in one transaction."""
+    config = alembic_config(db)
+    known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+    with engine.execution_options(**{_WRITE: True}).begin() as connection:
+        # quick_check: the page and b-tree structure without matching every index entry, so it stays fast.
+        findings = connection.exec_driver_sql("PRAGMA quick_check(3)").scalars().all()
+        if findings != ["ok"]:
+            # Each finding may span lines ("*** in database main ***\nPage 3: ..."); the message stays one line.
+            found = "; ".join(line.strip() for finding in findings for line in str(finding).splitlines()[-1:])
+            raise StateError(f"state database {db} is corrupt ({found}); {_MOVE_ASIDE}")
+        heads = MigrationContext.configure(connection).get_current_heads()
+        unknown = sorted(head for head in heads if head not in known)
+        if unknown:
+            raise StateError(
+                f"state database {db} was written by a newer edged (schema revision {', '.join(unknown)} is unknown "
+                f"to edged {edged.__version__}); upgrade edged or move the file aside"
+            )
+        if not heads:
+            foreign = sorted(set(inspect(connection).get_table_names()) - {"alembic_version"})
+            if foreign:
+                raise StateError(
+                    f"state database {db} is not an edged state database (it has tables {', '.join(foreign)} "
+                    "but no edged schema revision); move it aside or choose another state directory"
+                )
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+        mode = connection.exec_driver_sql("PRAGMA journal_mode").scalar()
+        if mode != "wal":
+            raise StateError(f"state database {db}: cannot use write-ahead logging on this file system ({mode})")
+
+
+def _model_id(session: Session, name: str) -> int:
+    """The id of model ``name``, adding the model on first use; inside a write transaction, so no race."""
+    if not name:
+        raise ValueError("a model name must not be empty")
+    model_id = session.scalar(select(Model.id).where(Model.name == name))
+    if model_id is None:
+        model = Model(name=name)
+        session.add(model)
+        session.flush()
+        model_id = model.id
+    return model_id
+
+
+def _event(row: Transition, name: str) -> HistoryEvent:
+    return HistoryEvent(
+        id=row.id,
+        model=name,
+        version=row.version,
+        state=row.state,
+        previous=row.previous,
+        source=row.source,
+        reason=row.reason,
+        at=row.at,
+        duration_s=row.duration_s,
+    )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _describe(db: Path, error: DBAPIError) -> str:
+    """One line naming the file: what SQLite's error means for the operator, or SQLite's own first line."""
+    text = str(error.orig).splitlines()[0] if str(error.orig) else type(error.orig).__name__
+    explained = _EXPLAINED.get(text)
+    return f"state database {db} {explained}" if explained else f"state database {db}: {text}"
