@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("repository", type=Path, nargs="+")
     check.add_argument("--disable-auto-complete-config", action="store_true")
 
+    commands.add_parser("devices", help="print the devices model instances can run on (CPUs, GPUs, plug-ins' NPUs)")
     commands.add_parser("version", help="print the version")
     return parser
 
@@ -154,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(f"edged {__version__}")
+        return 0
+    if args.command == "devices":
+        from edged.core.devices import DeviceInventory
+
+        print(DeviceInventory.discover().describe())
         return 0
     if args.command == "check-repo":
         import logging

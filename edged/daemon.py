@@ -21,6 +21,7 @@ import uvicorn
 from edged import __version__
 from edged.backends import configure as configure_backends
 from edged.backends import custom_metrics
+from edged.core.devices import DeviceInventory
 from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
@@ -70,12 +71,16 @@ def _uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
 async def serve(settings: Settings) -> int:
     # Worker threads for model executions: enough for every core to be busy in onnxruntime.
     executor = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="edged-exec")
+    # Taken once: instance groups are checked against it and instances placed on it as models load.
+    devices = DeviceInventory.discover()
+    log.info("devices: %s", devices.describe())
     manager = ModelRepositoryManager(
         ManagerOptions(
             repositories=settings.model_repositories,
             auto_complete=settings.auto_complete_config,
             default_max_batch_size=settings.default_max_batch_size,
             load_thread_count=settings.model_load_thread_count,
+            devices=devices,
         ),
         executor,
     )

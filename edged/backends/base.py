@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from edged.core.devices import DeviceInventory
+
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import AsyncIterator, Sequence
@@ -38,6 +40,8 @@ class LoadContext:
     model_dir: Path
     version_dir: Path
     model_file: Path
+    # Where instances go: edged.core.devices.instance_placements(config, devices) names them and their devices.
+    devices: DeviceInventory = field(default_factory=DeviceInventory)
 
 
 @dataclass(slots=True)

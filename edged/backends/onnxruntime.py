@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.core.datatypes import CONFIG_BY_WIRE_NAME, WIRE_NAME_BY_CONFIG
+from edged.core.devices import instance_placements
 from edged.core.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode
 
@@ -115,14 +116,13 @@ class OnnxRuntimeBackend:
     def load(self, config: ModelConfig, context: LoadContext) -> OnnxRuntimeModel:
         options = _session_options(config)
         instances: list[OnnxRuntimeInstance] = []
-        for group in config.instance_group:
-            for device_id in _devices(group):
-                providers = _providers(config, group, device_id)
-                index = len([i for i in instances if i.group == group.name])
-                session = _open_session(context, options, providers)
-                if not instances:
-                    _check_io(config, context, session)
-                instances.append(OnnxRuntimeInstance(f"{group.name}_{index}", group.name, config, session))
+        for placement in instance_placements(config, context.devices):
+            group = config.instance_group[placement.group]
+            providers = _providers(config, group, placement.device_id)
+            session = _open_session(context, options, providers)
+            if not instances:
+                _check_io(config, context, session)
+            instances.append(OnnxRuntimeInstance(placement.name, group.name, config, session))
         return OnnxRuntimeModel(instances)
 
 
@@ -353,11 +353,6 @@ def _session_options(config: ModelConfig) -> ort.SessionOptions:
             config.optimization.graph.level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         )
     return options
-
-
-def _devices(group: ModelInstanceGroup) -> list[int]:
-    gpus = list(group.gpus) if group.kind == KIND_GPU and group.gpus else [0]
-    return [device for device in gpus for _ in range(group.count)]
 
 
 def _providers(config: ModelConfig, group: ModelInstanceGroup, device_id: int) -> list[Any]:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from edged.core.devices import MIN_COMPUTE_CAPABILITY
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
     from edged.proto.model_config_pb2 import ModelConfig, ModelInput, ModelOutput
 
 WILDCARD_DIM = -1
 TYPE_INVALID = 0
+KIND_AUTO, KIND_GPU, KIND_CPU, KIND_MODEL = 0, 1, 2, 3
 _DELAY = 1  # ModelQueuePolicy.DELAY
 
 
@@ -43,9 +45,6 @@ def validate_model_config(config: ModelConfig) -> None:
     policy = config.version_policy
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
         raise _error(f"version_policy 'latest' must have num_versions >= 1 for {name}")
-    for group in config.instance_group:
-        if group.count < 1:
-            raise _error(f"instance group {group.name} of model {name} must have count >= 1")
 
 
 def _validate_dynamic_batching(config: ModelConfig) -> None:
@@ -73,6 +72,40 @@ def _validate_dynamic_batching(config: ModelConfig) -> None:
             raise _error(
                 f"Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for {name}"
             )
+
+
+def validate_instance_groups(config: ModelConfig, gpus: Collection[int]) -> None:
+    """Triton's checks of normalised instance groups against the GPUs there are (``gpus``, their ids), with
+    Triton's messages: every group must run on devices this machine has."""
+    name = config.name
+    if not config.instance_group:
+        raise _error(f"must specify one or more 'instance group's for {name}")
+    for group in config.instance_group:
+        prefix = f"instance group {group.name} of model {name}"
+        if group.count < 1:
+            raise _error(f"{prefix} must have count >= 1")
+        if group.kind == KIND_MODEL:
+            if group.gpus:
+                raise _error(f"{prefix} has kind KIND_MODEL but specifies one or more GPUs")
+        elif group.kind == KIND_GPU:
+            if not group.gpus:
+                raise _error(
+                    f"{prefix} has kind KIND_GPU but no GPUs are available"
+                    if not gpus
+                    else f"{prefix} has kind KIND_GPU but specifies no GPUs"
+                )
+            for gpu in group.gpus:
+                if gpu not in gpus:
+                    raise _error(
+                        f"{prefix} specifies invalid or unsupported gpu id {gpu}. GPUs with at least the minimum "
+                        f"required CUDA compute compatibility of {MIN_COMPUTE_CAPABILITY:f} are: "
+                        + ", ".join(str(g) for g in sorted(gpus))
+                    )
+        elif group.kind == KIND_CPU:
+            if group.gpus:
+                raise _error(f"{prefix} has kind KIND_CPU but specifies one or more GPUs")
+        else:
+            raise EdgedError(ErrorCode.INTERNAL, f"{prefix} has unexpected kind KIND_AUTO")
 
 
 def _validate_tensors(

@@ -18,7 +18,8 @@ from edged.backends import get_backend
 from edged.backends.base import LoadContext
 from edged.core.batcher import DynamicBatcher
 from edged.core.config_defaults import normalize_model_config
-from edged.core.config_validation import validate_model_config
+from edged.core.config_validation import validate_instance_groups, validate_model_config
+from edged.core.devices import DeviceInventory
 from edged.core.model_config import parse_model_config
 from edged.core.repository import (
     ModelSource,
@@ -102,7 +103,8 @@ class ManagerOptions:
     auto_complete: bool = True
     default_max_batch_size: int = 4
     load_thread_count: int = 4
-    gpu_count: int = 0
+    # What instance groups may ask for; the daemon passes what DeviceInventory.discover() found.
+    devices: DeviceInventory = field(default_factory=DeviceInventory)
 
 
 class ModelRepositoryManager:
@@ -235,12 +237,19 @@ class ModelRepositoryManager:
             backend.auto_complete_config(
                 config, self._context(source, config, versions[-1]), self._options.default_max_batch_size
             )
-        normalize_model_config(config, self._options.gpu_count)
+        gpus = self._options.devices.gpu_ids
+        normalize_model_config(config, gpus)
         validate_model_config(config)
+        validate_instance_groups(config, gpus)
 
     def _context(self, source: ModelSource, config: ModelConfig, version: int) -> LoadContext:
         return LoadContext(
-            source.name, version, source.path, source.path / str(version), model_file(config, source, version)
+            source.name,
+            version,
+            source.path,
+            source.path / str(version),
+            model_file(config, source, version),
+            self._options.devices,
         )
 
     def load_version(self, source: ModelSource, config: ModelConfig, number: int) -> ModelVersion:
@@ -373,7 +382,8 @@ def check_repositories(repositories: list[Path], *, auto_complete: bool) -> list
     for name in sorted(scan.duplicates):
         problems.append(f"{name}: model '{name}' exists in more than one model repository")
     with ThreadPoolExecutor(1) as executor:
-        manager = ModelRepositoryManager(ManagerOptions(repositories, auto_complete=auto_complete), executor)
+        options = ManagerOptions(repositories, auto_complete=auto_complete, devices=DeviceInventory.discover())
+        manager = ModelRepositoryManager(options, executor)
         for name, source in sorted(scan.models.items()):
             try:
                 config, versions = manager.read_config(source)

@@ -29,6 +29,7 @@ from edged.backends.python.dispatch import SLOTS_PER_INSTANCE, Dispatcher, Slot
 from edged.backends.python.environment import stub_interpreter
 from edged.backends.python.instance import ModelState, PythonInstance, stub_log
 from edged.backends.python.process import StubGone, StubProcess, stub_environment
+from edged.core.devices import instance_placements
 from edged.core.model_config import model_config_from_json, model_config_to_json
 from edged.errors import EdgedError, ErrorCode
 
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edged.backends.python")
 
-KIND_GPU = 1
-_KIND_NAMES = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
 # Characters a shell would interpret: a model or file name holding one is refused, so no name can ever change
 # what a command means even if one were built from it.
 _SHELL_METACHARACTERS = re.compile(r"[\s;&|`$<>(){}\[\]*?!~#'\"\\]")
@@ -176,16 +175,11 @@ class PythonBackend:
             backend=self,
             host=host(),
         )
-        instances: list[PythonInstance] = []
-        for group in config.instance_group:
-            devices = list(group.gpus) if group.kind == KIND_GPU and group.gpus else [0]
-            index = 0
-            for device in devices:
-                for _ in range(max(group.count, 1)):
-                    instances.append(
-                        PythonInstance(state, f"{group.name}_{index}", _KIND_NAMES.get(group.kind, "CPU"), device)
-                    )
-                    index += 1
+        # Triton's names, kinds and device ids (an NPU's id for KIND_MODEL when a device plug-in reports NPUs).
+        instances = [
+            PythonInstance(state, placement.name, placement.kind, placement.device_id)
+            for placement in instance_placements(config, context.devices)
+        ]
         # Every stub starts at once; each then initializes while the others do.
         try:
             for instance in instances:
