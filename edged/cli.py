@@ -33,6 +33,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _poll_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"expected between 0.1 and 86400 seconds, got '{text}'")
+    return value
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -133,6 +143,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="require complete config.pbtxt files instead of reading missing fields from models",
     )
     serve.add_argument("--model-load-thread-count", type=_positive, default=4)
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="none: load every model at start; poll: also follow changes; explicit: the load/unload API decides",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=_poll_seconds,
+        default=15.0,
+        metavar="SECONDS",
+        help="how often poll mode scans the repositories",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: a model to load at start (repeatable; '*' loads every model)",
+    )
+    serve.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the state database and private model copies live (default: $EDGED_STATE_DIR, "
+        "/var/lib/edged under systemd, ~/.local/state/edged otherwise)",
+    )
     serve.add_argument(
         "--backend-config",
         action="append",

@@ -22,12 +22,14 @@ from edged import __version__
 from edged.backends import configure as configure_backends
 from edged.backends import custom_metrics
 from edged.core.devices import DeviceInventory
+from edged.core.model_control import ControlMode, ControlOptions, ModelController
 from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.frontends.grpc import GrpcOptions, GrpcServer
 from edged.frontends.http import HttpOptions, create_http_app
 from edged.metrics import MetricsCollector, ModelMetrics, SystemMetrics, create_metrics_app
+from edged.state.store import StateError, StateStore
 
 if TYPE_CHECKING:
     from edged.settings import Settings
@@ -93,6 +95,25 @@ async def serve(settings: Settings) -> int:
     )
     # Before any model loads: backends read their --backend-config settings, and BLS calls come back here.
     configure_backends(settings.backend_config, service)
+    store: StateStore | None = None
+    if settings.state_dir is not None:
+        try:
+            store = StateStore.open(settings.state_dir)
+        except StateError as exc:
+            log.error("exiting: %s", exc)
+            return 1
+    controller = ModelController(
+        manager,
+        ControlOptions(
+            mode=ControlMode(settings.model_control_mode),
+            poll_secs=settings.repository_poll_secs,
+            startup_models=settings.load_models,
+            load_thread_count=settings.model_load_thread_count,
+            state_dir=settings.state_dir,
+        ),
+        store,
+    )
+    service.controller = controller
     grpc_server: GrpcServer | None = None
     system_metrics: SystemMetrics | None = None
     servers: list[_Server] = []
@@ -107,7 +128,7 @@ async def serve(settings: Settings) -> int:
             __version__,
             ", ".join(str(p) for p in settings.model_repositories),
         )
-        await manager.load_all()
+        await controller.start()
         failed = manager.failed()
         for what, reason in failed:
             log.error("%s is UNAVAILABLE: %s", what, reason)
@@ -186,7 +207,9 @@ async def serve(settings: Settings) -> int:
         if grpc_server is not None:
             stopping.append(grpc_server.stop())
         await asyncio.gather(*stopping, return_exceptions=True)
+        await controller.stop()
         await manager.unload_all()
+        controller.close()
         if system_metrics is not None:
             system_metrics.stop()
         shared_memory.close()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edged.metrics.config import MetricsConfig, parse_metrics_config
+from edged.state.directory import default_state_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,10 @@ class Settings:
     strict_readiness: bool = True
     auto_complete_config: bool = True
     model_load_thread_count: int = 4
+    model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
+    load_models: tuple[str, ...] = ()
+    state_dir: Path | None = None
     default_max_batch_size: int = 4
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     log_verbose: int = 0
@@ -71,6 +76,10 @@ class Settings:
             strict_readiness=args.strict_readiness,
             auto_complete_config=not args.disable_auto_complete_config,
             model_load_thread_count=args.model_load_thread_count,
+            model_control_mode=args.model_control_mode,
+            repository_poll_secs=args.repository_poll_secs,
+            load_models=tuple(args.load_model),
+            state_dir=args.state_dir.resolve() if args.state_dir is not None else default_state_dir(),
             default_max_batch_size=default_max_batch_size,
             backend_config=backend_config,
             log_verbose=args.log_verbose,

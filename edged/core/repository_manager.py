@@ -37,9 +37,11 @@ from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from edged.backends.base import BackendModel
+    from edged.core.model_files import FolderPrint
     from edged.core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ class ModelEntry:
     reason: str = ""
     config: ModelConfig | None = None
     versions: dict[int, ModelVersion] = field(default_factory=dict)
+    # The folder as it was when loaded: poll mode reloads the model when it differs.
+    folder: FolderPrint | None = None
 
 
 class VersionsUnavailable(Exception):
@@ -113,6 +117,31 @@ class ModelRepositoryManager:
         # Runs model executions that are too long for the event loop (see edged.core.scheduler).
         self._executor = executor
         self._models: dict[str, ModelEntry] = {}
+        # Names of models in the repositories that were never loaded, which the index lists by name only (set by
+        # model control in explicit mode).
+        self.listing: Callable[[], list[str]] = list
+
+    # --- the tables, as model control (edged.core.model_control) changes them; on the event loop ---------------
+
+    @property
+    def repositories(self) -> list[Path]:
+        return self._options.repositories
+
+    def entry(self, name: str) -> ModelEntry | None:
+        return self._models.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def put_entry(self, entry: ModelEntry) -> None:
+        """Requests go to the entry's READY versions from now on."""
+        self._models[entry.source.name] = entry
+
+    def activate(self, version: ModelVersion) -> None:
+        """Give a freshly loaded version its statistics and scheduler, so that it can take requests."""
+        assert version.backend_model is not None
+        version.stats = ModelStatistics(version.name, version.version)
+        version.scheduler = self._scheduler(version, version.stats)
 
     async def load_all(self) -> None:
         """Load every model of every repository (model control mode ``none``)."""
@@ -343,6 +372,8 @@ class ModelRepositoryManager:
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
         out: list[IndexEntry] = []
+        if not ready_only:
+            out.extend(IndexEntry(name) for name in self.listing() if name not in self._models)
         for name in sorted(self._models):
             entry = self._models[name]
             if not entry.versions:
@@ -354,6 +385,7 @@ class ModelRepositoryManager:
                 if ready_only and version.state is not ModelState.READY:
                     continue
                 out.append(IndexEntry(name, str(number), version.state.value, version.reason))
+        out.sort(key=lambda item: item.name)
         return out
 
     async def unload_all(self) -> None:

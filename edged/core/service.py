@@ -29,10 +29,12 @@ from edged.errors import EdgedError, ErrorCode
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from edged.core.model_control import ModelController
     from edged.core.repository_manager import IndexEntry, ModelRepositoryManager, ModelVersion
     from edged.core.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig
+    from edged.state.store import HistoryEvent
 
 # What this server implements of Triton's protocol extensions, as GET /v2 reports it.
 EXTENSIONS: tuple[str, ...] = (
@@ -85,6 +87,8 @@ class InferenceService:
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)
         self._metadata = ServerMetadata(server_id, __version__, EXTENSIONS)
         self._strict_readiness = strict_readiness
+        # Loads and unloads models (set by the daemon once model control exists).
+        self.controller: ModelController | None = None
         # Live from construction; ready once the daemon finished its start-up loads (set by the daemon).
         self.started = False
         self.stopping = False
@@ -143,6 +147,26 @@ class InferenceService:
 
     def statistics(self, name: str, version: int) -> list[ModelStatistics]:
         return self._manager.statistics(name, version)
+
+    async def load_model(self, name: str, config_json: str | None, files: dict[str, bytes]) -> None:
+        """The repository extension's load: the model (re)loads beside what serves; errors say why."""
+        await self._control().load(name, config_json=config_json, files=files)
+
+    async def unload_model(self, name: str, *, unload_dependents: bool = False) -> None:
+        await self._control().unload(name, unload_dependents=unload_dependents)
+
+    async def model_history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
+        """What happened to a model (every model when ``name`` is None), newest first, and how many events in all."""
+        if offset < 0 or not 1 <= limit <= 1000:
+            raise EdgedError(ErrorCode.INVALID_ARG, "history paging needs offset >= 0 and 1 <= limit <= 1000")
+        if self.controller is None:
+            return [], 0
+        return await self.controller.history(name, offset, limit)
+
+    def _control(self) -> ModelController:
+        if self.controller is None:
+            raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        return self.controller
 
     def repository_index(self, ready_only: bool) -> list[IndexEntry]:
         return self._manager.index(ready_only)

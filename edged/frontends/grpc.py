@@ -153,12 +153,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     @_unary
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         _refuse_named_repository(request.repository_name)
-        raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, parameter in request.parameters.items():
+            kind = parameter.WhichOneof("parameter_choice")
+            if key == "config":
+                if kind != "string_param":
+                    raise EdgedError(ErrorCode.INVALID_ARG, "the 'config' parameter must be a string_param")
+                config = parameter.string_param
+            elif key.startswith("file:"):
+                if kind != "bytes_param":
+                    raise EdgedError(ErrorCode.INVALID_ARG, f"the '{key}' parameter must be a bytes_param")
+                files[key.removeprefix("file:")] = parameter.bytes_param
+        await self._service.load_model(request.model_name, config, files)
+        return pb.RepositoryModelLoadResponse()
 
     @_unary
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         _refuse_named_repository(request.repository_name)
-        raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        dependents = request.parameters.get("unload_dependents")
+        unload_dependents = dependents is not None and dependents.WhichOneof("parameter_choice") == "bool_param"
+        await self._service.unload_model(
+            request.model_name, unload_dependents=unload_dependents and dependents.bool_param
+        )
+        return pb.RepositoryModelUnloadResponse()
 
     # --- shared memory ----------------------------------------------------------------------------------
 

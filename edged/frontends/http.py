@@ -9,6 +9,8 @@ ordinary Litestar handlers.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import re
 import zlib
@@ -289,10 +291,76 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json(entries)
 
 
-@post(["/v2/repository/models/{model:str}/load", "/v2/repository/models/{model:str}/unload"], status_code=200)
-async def repository_load_unload(model: str) -> Response[bytes]:
-    del model
-    raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+def _repository_parameters(body: bytes) -> dict[str, Any]:
+    """The ``parameters`` object of a load or unload body (which may be empty)."""
+    if not body.strip():
+        return {}
+    parsed = decode_json(body)
+    parameters = parsed.get("parameters", {}) if isinstance(parsed, dict) else {}
+    if not isinstance(parameters, dict):
+        raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-object as object")
+    return parameters
+
+
+@post("/v2/repository/models/{model:str}/load", status_code=200)
+async def repository_load(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for key, value in _repository_parameters(await request.body()).items():
+        # Triton reads every load parameter as a string.
+        if not isinstance(value, str):
+            raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
+        if key == "config":
+            config = value
+        elif key.startswith("file:"):
+            try:
+                files[key.removeprefix("file:")] = base64.b64decode(value, validate=True)
+            except binascii.Error:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG, f"failed to load '{model}': '{key}' is not valid base64"
+                ) from None
+    await _service(request).load_model(model, config, files)
+    return Response(b"", status_code=200)
+
+
+@post("/v2/repository/models/{model:str}/unload", status_code=200)
+async def repository_unload(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
+    dependents = _repository_parameters(await request.body()).get("unload_dependents", False)
+    await _service(request).unload_model(model, unload_dependents=dependents is True)
+    return Response(b"", status_code=200)
+
+
+@get(["/v2/edged/history", "/v2/edged/models/{model:str}/history"])
+async def model_history(request: Request[Any, Any, Any], model: str | None = None) -> Response[bytes]:
+    """What happened to a model (or to every model), newest first: ``?offset=&limit=`` pages through it."""
+    try:
+        offset = int(request.query_params.get("offset", "0"))
+        limit = int(request.query_params.get("limit", "50"))
+    except ValueError:
+        raise EdgedError(ErrorCode.INVALID_ARG, "offset and limit must be integers") from None
+    events, total = await _service(request).model_history(model, offset, limit)
+    return _json(
+        {
+            "model": model,
+            "offset": offset,
+            "limit": limit,
+            "total": total,
+            "events": [
+                {
+                    "id": event.id,
+                    "model": event.model,
+                    "version": event.version,
+                    "state": event.state,
+                    "previous": event.previous,
+                    "source": event.source,
+                    "reason": event.reason,
+                    "at": event.at.isoformat(),
+                    "duration_s": event.duration_s,
+                }
+                for event in events
+            ],
+        }
+    )
 
 
 @post(
@@ -565,7 +633,9 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
             cuda_shm_status,
             cuda_shm_register,
             cuda_shm_unregister,
-            repository_load_unload,
+            repository_load,
+            repository_unload,
+            model_history,
             named_repository,
         ],
         exception_handlers={

@@ -1,0 +1,559 @@
+"""Model control: which models are loaded, and changing that while requests keep flowing.
+
+Modes, as Triton's ``--model-control-mode``:
+
+- ``none``: every model in the repositories loads at start, and nothing changes afterwards;
+- ``poll``: the same, then the repositories are scanned every ``--repository-poll-secs`` and models that were
+  added, changed or removed are loaded, reloaded or unloaded;
+- ``explicit``: only ``--load-model`` models (``*``: all) load at start, with those the load API had loaded before
+  the daemon stopped (the desired set kept in the state database); the repository API loads and unloads.
+
+No downtime: a version is (re)loaded beside the one serving and takes requests only once READY; the one it
+replaces stops taking requests at that moment, finishes those it has (never interrupted), then unloads. A version
+that fails to load leaves the one serving in place, and the failure is recorded. A version whose files and config
+did not change is kept as it is.
+
+Poll mode never loads a folder that is still being written: a change is acted on once two consecutive polls saw the
+folder identical (names, sizes, modification times) and nothing in it changed for ``SETTLE_S`` seconds.
+
+Every transition (loading, ready, failed and why, unloading, unloaded) goes to the state database with its origin
+(startup, poll, api, upload, sync), when it happened and how long it took. The database is written from one thread
+of its own, so the event loop never waits for the disk.
+
+Everything here runs on the event loop; blocking work (reading configs, loading, unloading, hashing files) goes to
+the load pool, one model at a time per model (a lock per name), many models at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import json_format, text_format
+
+from edged.core.model_files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
+from edged.core.repository import ModelSource, scan_repositories
+from edged.core.repository_manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
+from edged.errors import EdgedError, ErrorCode
+from edged.proto.model_config_pb2 import ModelConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from edged.core.repository_manager import ModelRepositoryManager
+    from edged.state.store import HistoryEvent, StateStore
+
+log = logging.getLogger(__name__)
+
+# A changed folder must have been left alone this long before poll mode loads it.
+SETTLE_S = 2.0
+# Where private copies of models loaded with override files live, under the state directory.
+PRIVATE_MODELS = "models"
+_CURRENT = "CURRENT"
+
+
+class ControlMode(enum.StrEnum):
+    NONE = "none"
+    POLL = "poll"
+    EXPLICIT = "explicit"
+
+
+class Origin(enum.StrEnum):
+    """Who asked for a change, as the history records it."""
+
+    STARTUP = "startup"
+    POLL = "poll"
+    API = "api"
+    UPLOAD = "upload"
+    SYNC = "sync"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOptions:
+    mode: ControlMode = ControlMode.NONE
+    poll_secs: float = 15.0
+    # --load-model values (explicit mode); "*" loads every model.
+    startup_models: tuple[str, ...] = ()
+    load_thread_count: int = 4
+    # How long an unload request waits for in-flight requests before it answers (they still finish afterwards).
+    unload_timeout_s: float = 30.0
+    state_dir: Path | None = None
+
+
+class ModelController:
+    def __init__(self, manager: ModelRepositoryManager, options: ControlOptions, store: StateStore | None) -> None:
+        self._manager = manager
+        self._options = options
+        self._store = store
+        self._load_pool = ThreadPoolExecutor(max(1, options.load_thread_count), thread_name_prefix="edged-load")
+        # The state database is written in order, from this one thread.
+        self._db_pool = ThreadPoolExecutor(1, thread_name_prefix="edged-state")
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        # Poll mode: each folder's fingerprint at the previous poll, to see that it stopped changing.
+        self._previous: dict[str, Any] = {}
+        self._poller: asyncio.Task[None] | None = None
+        manager.listing = self._repository_names
+
+    @property
+    def mode(self) -> ControlMode:
+        return self._options.mode
+
+    # --- start and stop -----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load what this mode serves at start; in poll mode, begin polling."""
+        scan = await self._scan()
+        if self._options.mode is ControlMode.EXPLICIT:
+            wanted = set(self._options.startup_models)
+            if "*" in wanted:
+                wanted = set(scan.models)
+            if self._store is not None:
+                wanted |= set(await self._db(self._store.desired))
+            names = sorted(wanted)
+        else:
+            names = sorted(scan.models)
+        results = await asyncio.gather(
+            *(self._load(name, Origin.STARTUP, private=self._private_current(name)) for name in names),
+            return_exceptions=True,
+        )
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, EdgedError):
+                log.debug("model '%s' did not load at start: %s", name, result.message)
+            elif isinstance(result, BaseException):
+                raise result
+        if self._options.mode is ControlMode.POLL:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        """Stop polling; let unloads in progress end. (The manager unloads what is left.)"""
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+        self._load_pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        self._db_pool.shutdown(wait=True)
+        if self._store is not None:
+            self._store.close()
+
+    # --- the repository API -------------------------------------------------------------------------------------
+
+    async def load(
+        self,
+        name: str,
+        *,
+        origin: Origin = Origin.API,
+        config_json: str | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        """Load or reload a model, as ``POST /v2/repository/models/{name}/load``: from its repository folder, or
+        from a private copy with ``config_json`` as its config and ``files`` (``<version>/<path>`` -> contents)
+        written into it."""
+        if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
+            raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        private = None
+        if config_json is not None or files:
+            private = await self._make_private(name, config_json, files or {})
+        try:
+            await self._load(name, origin, private=private)
+        finally:
+            self._settle_private(name, private)
+        if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
+            self._record(self._store.set_desired, name, None)
+
+    async def unload(self, name: str, *, origin: Origin = Origin.API, unload_dependents: bool = False) -> None:
+        """Unload every version of a model; answers once they are unloaded, or after the unload timeout while
+        requests still finish (they are never interrupted). An unknown model is not an error, as in Triton.
+        ``unload_dependents`` concerns ensembles, which edged does not run: there is nothing more to unload."""
+        del unload_dependents
+        if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
+            raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        tasks: list[asyncio.Task[None]] = []
+        async with self._lock(name):
+            entry = self._manager.entry(name)
+            if entry is not None:
+                for version in entry.versions.values():
+                    if version.state is ModelState.READY:
+                        tasks.append(self._retire(version, origin))
+                entry.state = ModelState.UNAVAILABLE
+            if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
+                self._record(self._store.remove_desired, name)
+        if tasks:
+            done, _ = await asyncio.wait(tasks, timeout=self._options.unload_timeout_s)
+            if len(done) < len(tasks):
+                log.warning(
+                    "model '%s' still has requests in flight after %.0fs; it unloads once they finish",
+                    name,
+                    self._options.unload_timeout_s,
+                )
+
+    async def history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
+        if self._store is None:
+            return [], 0
+        store = self._store
+        result: tuple[list[HistoryEvent], int] = await self._db(lambda: store.history(name, offset=offset, limit=limit))
+        return result
+
+    # --- poll mode ----------------------------------------------------------------------------------------------
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._options.poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("polling the model repositories failed")
+
+    async def poll_once(self) -> None:
+        scan = await self._scan()
+        loop = asyncio.get_running_loop()
+        prints: dict[str, FolderPrint | None] = await loop.run_in_executor(
+            self._load_pool, lambda: {name: fingerprint(source.path) for name, source in scan.models.items()}
+        )
+        names = set(prints) | set(self._manager.names())
+        changes: list[asyncio.Future[Any]] = []
+        for name in sorted(names):
+            folder = prints.get(name)
+            entry = self._manager.entry(name)
+            if folder is None:
+                self._previous.pop(name, None)
+                if entry is not None and any(v.state is ModelState.READY for v in entry.versions.values()):
+                    log.info("model '%s' was removed from the repository: unloading it", name)
+                    changes.append(asyncio.ensure_future(self.unload(name, origin=Origin.POLL)))
+                continue
+            key = folder.key()
+            previous, self._previous[name] = self._previous.get(name), key
+            if entry is not None and entry.folder is not None and entry.folder.key() == key:
+                continue  # unchanged since it was loaded
+            if previous != key or not is_settled(folder, SETTLE_S):
+                log.debug("model folder '%s' changed; waiting for it to settle", name)
+                continue
+            log.info("model folder '%s' changed: loading it", name)
+            changes.append(asyncio.ensure_future(self._load(name, Origin.POLL)))
+        for outcome in await asyncio.gather(*changes, return_exceptions=True):
+            if isinstance(outcome, EdgedError):
+                log.error("%s", outcome.message)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    # --- loading ------------------------------------------------------------------------------------------------
+
+    async def _load(self, name: str, origin: Origin, *, private: Path | None = None) -> None:
+        async with self._lock(name):
+            await self._load_locked(name, origin, private)
+
+    async def _load_locked(self, name: str, origin: Origin, private: Path | None) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        scan = await self._scan()
+        if name in scan.duplicates:
+            reason = f"model '{name}' exists in more than one model repository"
+            self._manager.put_entry(ModelEntry(scan.models[name], ModelState.UNAVAILABLE, reason))
+            self._transition(name, None, ModelState.UNAVAILABLE.value, origin, reason)
+            raise EdgedError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
+        source = ModelSource(name, private, private.parent) if private is not None else scan.models.get(name)
+        if source is None:
+            raise EdgedError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+        old = self._manager.entry(name)
+        old_versions = dict(old.versions) if old is not None else {}
+        folder = await loop.run_in_executor(self._load_pool, fingerprint, source.path)
+        self._transition(name, None, ModelState.LOADING.value, origin)
+        try:
+            config, numbers = await loop.run_in_executor(self._load_pool, self._manager.read_config, source)
+        except (VersionsUnavailable, EdgedError) as exc:
+            error = exc.error if isinstance(exc, VersionsUnavailable) else exc
+            self._config_failed(name, source, folder, old, exc, origin, time.monotonic() - started)
+            raise EdgedError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': {error.message}") from None
+        same_files = (
+            old is not None and old.source.path == source.path and old.folder is not None and folder is not None
+        )
+        reusable = {
+            number
+            for number in numbers
+            if same_files
+            and (current := old_versions.get(number)) is not None
+            and current.state is ModelState.READY
+            and current.config == config
+            and old.folder.model == folder.model  # type: ignore[union-attr]
+            and old.folder.versions.get(number) == folder.versions.get(number)  # type: ignore[union-attr]
+        }
+        to_load = [number for number in numbers if number not in reusable]
+        for number in to_load:
+            self._transition(name, number, ModelState.LOADING.value, origin)
+        loaded: list[tuple[ModelVersion, float, tuple[str, int]]] = await asyncio.gather(
+            *(loop.run_in_executor(self._load_pool, self._load_version, source, config, n) for n in to_load)
+        )
+        entry = ModelEntry(source, config=config, folder=folder)
+        entry.versions = {number: old_versions[number] for number in sorted(reusable)}
+        retire: list[ModelVersion] = []
+        failures: list[ModelVersion] = []
+        for version, seconds, (digest, size) in loaded:
+            current = old_versions.get(version.version)
+            serving = current is not None and current.state is ModelState.READY
+            if version.state is ModelState.READY:
+                self._manager.activate(version)
+                entry.versions[version.version] = version
+                if serving:
+                    assert current is not None
+                    retire.append(current)
+                self._transition(name, version.version, ModelState.READY.value, origin, duration_s=seconds)
+                if self._store is not None:
+                    self._record(
+                        self._store.model_seen,
+                        name,
+                        str(source.path / str(version.version)),
+                        version.version,
+                        digest,
+                        size,
+                    )
+            else:
+                failures.append(version)
+                if serving:
+                    assert current is not None
+                    entry.versions[version.version] = current  # it keeps serving
+                    reason = f"{version.reason} (version {version.version} loaded before keeps serving)"
+                else:
+                    entry.versions[version.version] = version
+                    reason = version.reason
+                self._transition(
+                    name, version.version, ModelState.UNAVAILABLE.value, origin, reason, duration_s=seconds
+                )
+        # Versions the config no longer selects go once a selected one serves; until then they keep serving.
+        replaced = any(entry.versions[n].state is ModelState.READY for n in numbers if n in entry.versions)
+        for number, current in old_versions.items():
+            if number in numbers:
+                continue
+            entry.versions[number] = current  # shown as UNLOADING, then "unloaded", as Triton lists them
+            if current.state is ModelState.READY and replaced:
+                retire.append(current)
+        entry.state = (
+            ModelState.READY
+            if any(v.state is ModelState.READY for v in entry.versions.values())
+            else ModelState.UNAVAILABLE
+        )
+        self._manager.put_entry(entry)
+        for version in retire:
+            self._retire(version, origin)
+        log.info(
+            "model '%s' loaded in %.2fs: %s",
+            name,
+            time.monotonic() - started,
+            ", ".join(f"version {n} {v.state.value}" for n, v in sorted(entry.versions.items())) or "no versions",
+        )
+        if failures:
+            first = failures[0]
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"load failed for model '{name}': version {first.version} is at UNAVAILABLE state: {first.reason};\n",
+            )
+
+    def _load_version(
+        self, source: ModelSource, config: ModelConfig, number: int
+    ) -> tuple[ModelVersion, float, tuple[str, int]]:
+        """On the load pool: load one version, and take its checksum for the state database."""
+        started = time.monotonic()
+        version = self._manager.load_version(source, config, number)
+        seconds = time.monotonic() - started
+        digest = checksum(source.path / str(number)) if self._store is not None else ("", 0)
+        return version, seconds, digest
+
+    def _config_failed(
+        self,
+        name: str,
+        source: ModelSource,
+        folder: FolderPrint | None,
+        old: ModelEntry | None,
+        exc: Exception,
+        origin: Origin,
+        seconds: float,
+    ) -> None:
+        """The config could not be read or completed. A model already serving keeps serving; otherwise it is
+        listed UNAVAILABLE with the reason, per version where the config said which."""
+        if isinstance(exc, VersionsUnavailable):
+            reason = exc.error.describe()
+        else:
+            assert isinstance(exc, EdgedError)
+            reason = exc.describe()
+        log.error("failed to load model '%s': %s", name, reason)
+        if old is not None and any(v.state is ModelState.READY for v in old.versions.values()):
+            old.folder = folder  # not tried again until the folder changes
+            self._transition(
+                name,
+                None,
+                ModelState.UNAVAILABLE.value,
+                origin,
+                f"{reason} (the loaded versions keep serving)",
+                duration_s=seconds,
+            )
+            return
+        entry = ModelEntry(source, ModelState.UNAVAILABLE, folder=folder)
+        if isinstance(exc, VersionsUnavailable):
+            for number in exc.versions:
+                entry.versions[number] = ModelVersion(name, number, ModelState.UNAVAILABLE, reason=reason)
+        else:
+            entry.reason = reason
+        self._manager.put_entry(entry)
+        self._transition(name, None, ModelState.UNAVAILABLE.value, origin, reason, duration_s=seconds)
+
+    # --- unloading ----------------------------------------------------------------------------------------------
+
+    def _retire(self, version: ModelVersion, origin: Origin) -> asyncio.Task[None]:
+        """Stop routing requests to ``version`` now; unload it once those it has are answered."""
+        version.state = ModelState.UNLOADING
+        self._transition(version.name, version.version, ModelState.UNLOADING.value, origin)
+        task = asyncio.get_running_loop().create_task(self._unload_when_idle(version, origin))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        return task
+
+    async def _unload_when_idle(self, version: ModelVersion, origin: Origin) -> None:
+        started = time.monotonic()
+        if version.scheduler is not None:
+            await version.scheduler.drain()
+        backend_model, version.backend_model, version.scheduler = version.backend_model, None, None
+        if backend_model is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._load_pool, backend_model.unload)
+            except Exception:
+                log.exception("unloading '%s' version %d failed", version.name, version.version)
+        version.state, version.reason = ModelState.UNAVAILABLE, "unloaded"
+        log.info("model '%s' version %d unloaded", version.name, version.version)
+        self._transition(
+            version.name, version.version, "UNLOADED", origin, "unloaded", duration_s=time.monotonic() - started
+        )
+
+    # --- private copies (loads with override files) -------------------------------------------------------------
+
+    async def _make_private(self, name: str, config_json: str | None, files: dict[str, bytes]) -> Path:
+        config_text = None
+        if config_json is not None:
+            config = ModelConfig()
+            try:
+                json_format.Parse(config_json, config)
+            except json_format.ParseError as exc:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"failed to load '{name}': the 'config' override is not a model config: {exc}",
+                ) from None
+            if config.name and config.name != name:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"failed to load '{name}': the 'config' override names model '{config.name}'",
+                )
+            config.name = name
+            config_text = text_format.MessageToString(config)
+        elif files:
+            # As Triton: files alone would leave the folder's config describing other files.
+            raise EdgedError(
+                ErrorCode.INVALID_ARG, f"failed to load '{name}': override files need a 'config' override with them"
+            )
+        if self._options.state_dir is None:
+            raise EdgedError(ErrorCode.UNAVAILABLE, "loading with overrides needs a state directory (--state-dir)")
+        scan = await self._scan()
+        source = scan.models.get(name)
+        base = self._options.state_dir / PRIVATE_MODELS / name
+        destination = base / f"{time.time_ns()}"
+        # The repository's files are the starting point only when no file is given: then only the config changes.
+        origin_dir = source.path if source is not None and not files else None
+        await asyncio.get_running_loop().run_in_executor(
+            self._load_pool, make_private_copy, destination, origin_dir, config_text, files
+        )
+        return destination
+
+    def _private_current(self, name: str) -> Path | None:
+        """The private copy a model was last loaded from, when it was (explicit mode, restored at start)."""
+        if self._options.state_dir is None or self._options.mode is not ControlMode.EXPLICIT:
+            return None
+        pointer = self._options.state_dir / PRIVATE_MODELS / name / _CURRENT
+        try:
+            current = pointer.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        path = pointer.parent / current
+        return path if current and "/" not in current and path.is_dir() else None
+
+    def _settle_private(self, name: str, private: Path | None) -> None:
+        """After a load: the private copy the model now serves from is remembered (so a restart loads it again)
+        and older copies go; a copy nothing serves from goes. A model served from its repository folder again
+        needs no copy at all. (An old version still finishing its requests keeps its open files.)"""
+        if self._options.state_dir is None:
+            return
+        base = self._options.state_dir / PRIVATE_MODELS / name
+        entry = self._manager.entry(name)
+        serving = entry.source.path if entry is not None and entry.state is ModelState.READY else None
+        if serving is not None and serving.parent == base:
+            pointer = base / _CURRENT
+            temporary = base / f"{_CURRENT}.tmp"
+            temporary.write_text(serving.name, encoding="utf-8")
+            temporary.replace(pointer)
+            keep: Path | None = serving
+        elif serving is not None:
+            shutil.rmtree(base, ignore_errors=True)
+            return
+        else:
+            keep = self._private_current(name)
+        if private is not None and private != keep:
+            shutil.rmtree(private, ignore_errors=True)
+        if base.is_dir():
+            for other in base.iterdir():
+                if other.is_dir() and other != keep:
+                    shutil.rmtree(other, ignore_errors=True)
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def _scan(self) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._load_pool, scan_repositories, self._manager.repositories
+        )
+
+    def _repository_names(self) -> list[str]:
+        """Models in the repositories that were never loaded: Triton's index lists them by name (explicit mode)."""
+        if self._options.mode is not ControlMode.EXPLICIT:
+            return []
+        try:
+            return sorted(scan_repositories(self._manager.repositories).models)
+        except EdgedError:
+            return []
+
+    def _transition(
+        self,
+        name: str,
+        version: int | None,
+        state: str,
+        origin: Origin,
+        reason: str = "",
+        *,
+        duration_s: float | None = None,
+    ) -> None:
+        if self._store is not None:
+            self._record(self._store.transition, name, version, state, origin.value, reason, duration_s)
+
+    def _record(self, call: Callable[..., Any], *args: Any) -> None:
+        """Write to the state database in order, without waiting; a failed write is logged, never raised."""
+        future = self._db_pool.submit(call, *args)
+        future.add_done_callback(_log_failure)
+
+    async def _db(self, call: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._db_pool, call)
+
+
+def _log_failure(future: Any) -> None:
+    exc = future.exception()
+    if exc is not None:
+        log.error("writing the state database failed: %s", exc)

@@ -1,0 +1,409 @@
+"""Model control: explicit and poll modes, the repository API with overrides, swaps without downtime, the
+history kept in SQLite, and a daemon that comes back serving what it served. Real daemon, real SQLite file, real
+tritonclient; clients keep sending requests while models change, and none of their requests may fail."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import modelgen
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import PYTHON_MODELS
+from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, add_sub_inputs, post_json, request, run_server
+from tritonclient.utils import InferenceServerException
+
+WAIT_S: Final = 30.0
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _index(client: httpclient.InferenceServerClient) -> dict[tuple[str, str], dict[str, str]]:
+    return {(e["name"], e.get("version", "")): e for e in client.get_model_repository_index()}
+
+
+def _history(server: Server, model: str, **query: int) -> dict[str, Any]:
+    path = f"/v2/edged/models/{model}/history"
+    if query:
+        path += "?" + "&".join(f"{k}={v}" for k, v in query.items())
+    reply = request(server.http_url, "GET", path)
+    assert reply.status == 200, reply.body
+    document: dict[str, Any] = json.loads(reply.body)
+    return document
+
+
+def _add_sub(repo: Path, name: str, versions: tuple[int, ...] = (1,), policy: str = "") -> Path:
+    model = repo / name
+    modelgen.write_add_sub(model, max_batch_size=8)
+    for version in versions:
+        if version != 1:
+            shutil.copytree(model / "1", model / str(version))
+    if versions and 1 not in versions:
+        shutil.rmtree(model / "1")
+    config = model / "config.pbtxt"
+    text = config.read_text(encoding="utf-8").replace('name: "add_sub"', f'name: "{name}"')
+    config.write_text(text + policy, encoding="utf-8")
+    return model
+
+
+class ClosedLoop:
+    """Clients that send add_sub requests one after another, and keep every failure."""
+
+    def __init__(self, server: Server, model: str, clients: int = 2, parameters: dict[str, Any] | None = None) -> None:
+        self._server = server
+        self._model = model
+        self._parameters = parameters
+        self._stop = threading.Event()
+        self.sent = 0
+        self.failures: list[str] = []
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def __enter__(self) -> ClosedLoop:
+        for thread in self._threads:
+            thread.start()
+        _wait(lambda: self.sent > 20, "the clients to run")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _run(self) -> None:
+        client = httpclient.InferenceServerClient(self._server.http_url)
+        while not self._stop.is_set():
+            try:
+                result = client.infer(self._model, add_sub_inputs(), parameters=self._parameters)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+            except Exception as exc:  # every failure is the test's business
+                self.failures.append(repr(exc))
+            self.sent += 1
+        client.close()
+
+
+# --- explicit mode --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def explicit(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
+    repo = tmp_path / "repo"
+    state = tmp_path / "state"
+    repo.mkdir()
+    _add_sub(repo, "served")
+    _add_sub(repo, "waiting")
+    shutil.copytree(PYTHON_MODELS / "init_fails", repo / "init_fails")
+    slow = repo / "slow"
+    shutil.copytree(PYTHON_MODELS / "add_sub_python", slow)
+    config = slow / "config.pbtxt"
+    config.write_text(config.read_text(encoding="utf-8").replace('"add_sub_python"', '"slow"'), encoding="utf-8")
+    with run_server(
+        [repo], "--model-control-mode=explicit", "--load-model=served", "--load-model=slow", f"--state-dir={state}"
+    ) as server:
+        yield server, repo, state
+
+
+def test_explicit_mode_loads_what_it_is_asked(explicit: tuple[Server, Path, Path]) -> None:
+    server, _, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    index = _index(client)
+    assert index[("served", "1")]["state"] == "READY"
+    assert index[("waiting", "")] == {"name": "waiting"}  # in the repository, never loaded
+    client.load_model("waiting")
+    assert client.is_model_ready("waiting")
+    client.unload_model("waiting")
+    assert _index(client)[("waiting", "1")] == {
+        "name": "waiting",
+        "version": "1",
+        "state": "UNAVAILABLE",
+        "reason": "unloaded",
+    }
+    assert not client.is_model_ready("waiting")
+    # Unknown models: a load fails as in Triton, an unload is no error.
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("nosuch")
+    assert info.value.message() == "failed to load 'nosuch', failed to poll from model repository"
+    client.unload_model("nosuch")
+    # A model that fails says why, with Triton's words.
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("init_fails")
+    assert info.value.status() == "400"
+    assert info.value.message().startswith("load failed for model 'init_fails': version 1 is at UNAVAILABLE state: ")
+    assert "weights file is missing" in info.value.message()
+
+
+def test_the_load_api_over_grpc(explicit: tuple[Server, Path, Path]) -> None:
+    server, _, _ = explicit
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.load_model("waiting")
+    assert client.is_model_ready("waiting")
+    client.unload_model("waiting")
+    assert not client.is_model_ready("waiting")
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("nosuch")
+    assert info.value.status() == "StatusCode.INTERNAL"
+
+
+@pytest.mark.parametrize("model", ["served", "slow"])
+def test_swaps_under_load_lose_no_request(explicit: tuple[Server, Path, Path], model: str) -> None:
+    server, repo, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    # The Python model answers in 50 ms (echo_args): requests are in flight whenever a version changes.
+    parameters = {"echo_args": True} if model == "slow" else None
+    with ClosedLoop(server, model, clients=3, parameters=parameters) as loop:
+        # A new version: it loads beside version 1 and replaces it (the default policy serves the latest).
+        shutil.copytree(repo / model / "1", repo / model / "2")
+        client.load_model(model)
+        _wait(lambda: _index(client)[(model, "1")].get("reason") == "unloaded", "version 1 to unload")
+        # A changed config: reloaded beside the serving one.
+        config = repo / model / "config.pbtxt"
+        text = config.read_text(encoding="utf-8").replace("instance_group [ { count: 2 kind: KIND_CPU } ]", "")
+        config.write_text(text + "dynamic_batching { }\n", encoding="utf-8")
+        client.load_model(model)
+        # Only the instance count changes.
+        config.write_text(config.read_text(encoding="utf-8") + "instance_group [ { count: 2 } ]\n", encoding="utf-8")
+        client.load_model(model)
+        sent = loop.sent
+        _wait(lambda: loop.sent > sent + 20, "requests after the last change")
+    assert loop.failures == []
+    assert "dynamic_batching" in client.get_model_config(model)
+    assert client.get_model_config(model)["instance_group"][0]["count"] == 2
+    index = _index(client)
+    assert index[(model, "2")]["state"] == "READY"
+
+
+def test_a_broken_new_version_leaves_the_old_one_serving(explicit: tuple[Server, Path, Path]) -> None:
+    server, repo, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    with ClosedLoop(server, "served") as loop:
+        broken = repo / "served" / "3"
+        broken.mkdir()
+        (broken / "model.onnx").write_bytes(b"this is not an onnx model")
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("served")
+        assert "load failed for model 'served': version 3 is at UNAVAILABLE state" in info.value.message()
+        sent = loop.sent
+        _wait(lambda: loop.sent > sent + 20, "requests after the failed load")
+    assert loop.failures == []
+    index = _index(client)
+    assert index[("served", "1")]["state"] == "READY"
+    assert index[("served", "3")]["state"] == "UNAVAILABLE"
+    events = _history(server, "served")["events"]
+    failed = [e for e in events if e["version"] == 3 and e["state"] == "UNAVAILABLE"]
+    assert failed and failed[0]["source"] == "api"
+    assert "onnx" in failed[0]["reason"].lower()
+
+
+def test_load_with_a_config_override_and_files(explicit: tuple[Server, Path, Path], tmp_path: Path) -> None:
+    server, _, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    config = client.get_model_config("served")
+    config["max_batch_size"] = 4
+    client.load_model("served", config=json.dumps(config))
+    assert client.get_model_config("served")["max_batch_size"] == 4
+    # A model that is not in the repository at all: its config and model file come with the request.
+    staged = tmp_path / "staged"
+    _add_sub(staged, "uploaded")
+    files = {"file:1/model.onnx": (staged / "uploaded" / "1" / "model.onnx").read_bytes()}
+    uploaded_config = json.dumps({"name": "uploaded", "platform": "onnxruntime_onnx", "max_batch_size": 8})
+    client.load_model("uploaded", config=uploaded_config, files=files)
+    result = client.infer("uploaded", add_sub_inputs())
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), ADD_SUB_INPUT0 - ADD_SUB_INPUT1)
+    # Over gRPC the files travel as bytes.
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc.load_model("uploaded", config=uploaded_config, files=files)
+    assert grpc.is_model_ready("uploaded")
+
+
+TRAVERSALS: Final = (
+    "../escaped",
+    "1/../../escaped",
+    "/tmp/escaped",
+    "1/./model.onnx",
+    "1//model.onnx",
+    "1/a\0b",
+    "1\\..\\escaped",
+    "model.onnx",
+    "",
+)
+
+
+@pytest.mark.parametrize("key", TRAVERSALS)
+def test_override_paths_that_leave_the_model_are_refused(
+    explicit: tuple[Server, Path, Path], tmp_path: Path, key: str
+) -> None:
+    server, _, state = explicit
+    before = {p for p in tmp_path.rglob("*")}
+    body = {
+        "parameters": {
+            "config": json.dumps({"name": "intruder", "backend": "python"}),
+            f"file:{key}": base64.b64encode(b"import os\n").decode(),
+        }
+    }
+    reply = post_json(server.http_url, "/v2/repository/models/intruder/load", body)
+    assert reply.status == 400, reply.body
+    assert "is refused" in json.loads(reply.body)["error"]
+    # Nothing was written anywhere: not outside, not even a private copy.
+    after = {p for p in tmp_path.rglob("*") if "edged.db" not in p.name}
+    assert after - before <= {p for p in after if p.is_relative_to(state) and p.is_dir()}
+
+
+def test_an_override_does_not_follow_links_out_of_the_model(
+    explicit: tuple[Server, Path, Path], tmp_path: Path
+) -> None:
+    server, repo, _ = explicit
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, repo / "waiting" / "1" / "elsewhere")
+    client = httpclient.InferenceServerClient(server.http_url)
+    config = {"name": "waiting", "platform": "onnxruntime_onnx", "max_batch_size": 8}
+    # A config override copies the folder: the link is not carried over, so nothing can be written through it.
+    client.load_model("waiting", config=json.dumps(config))
+    assert client.is_model_ready("waiting")
+    model = (repo / "waiting" / "1" / "model.onnx").read_bytes()
+    client.load_model(
+        "waiting", config=json.dumps(config), files={"file:1/model.onnx": model, "file:1/elsewhere/x": b"data"}
+    )
+    assert list(outside.iterdir()) == []
+
+
+def test_invalid_load_bodies(explicit: tuple[Server, Path, Path]) -> None:
+    server, _, _ = explicit
+    reply = post_json(server.http_url, "/v2/repository/models/waiting/load", {"parameters": {"config": 7}})
+    assert (reply.status, json.loads(reply.body)) == (500, {"error": "attempt to access JSON non-string as string"})
+    reply = post_json(
+        server.http_url, "/v2/repository/models/waiting/load", {"parameters": {"config": "{", "file:1/m": "!!"}}
+    )
+    assert reply.status == 400
+    assert json.loads(reply.body)["error"] == "failed to load 'waiting': 'file:1/m' is not valid base64"
+    reply = post_json(server.http_url, "/v2/repository/models/waiting/load", {"parameters": {"config": "{bad"}})
+    assert reply.status == 400
+    assert "the 'config' override is not a model config" in json.loads(reply.body)["error"]
+    reply = request(server.http_url, "POST", "/v2/repository/models/waiting/load", "notjson")
+    assert reply.status == 500
+
+
+def test_history_pages(explicit: tuple[Server, Path, Path]) -> None:
+    server, _, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    for _ in range(3):
+        client.load_model("waiting")
+        client.unload_model("waiting")
+    everything = _history(server, "waiting", limit=1000)
+    total = everything["total"]
+    assert total == len(everything["events"]) >= 12
+    states = [e["state"] for e in reversed(everything["events"])]
+    assert states[:2] == ["LOADING", "LOADING"]  # the model, then its version
+    assert "READY" in states and "UNLOADED" in states
+    page = _history(server, "waiting", offset=2, limit=3)
+    assert page["total"] == total
+    assert [e["id"] for e in page["events"]] == [e["id"] for e in everything["events"][2:5]]
+    assert all(e["source"] == "api" for e in everything["events"])
+    startup = _history(server, "served")["events"]
+    assert startup[-1]["source"] == "startup"
+    assert request(server.http_url, "GET", "/v2/edged/models/waiting/history?limit=0").status == 400
+
+
+def test_restart_serves_what_was_served(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    state = tmp_path / "state"
+    repo.mkdir()
+    _add_sub(repo, "a")
+    _add_sub(repo, "b")
+    shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
+    args = ("--model-control-mode=explicit", f"--state-dir={state}")
+    with run_server([repo], *args, "--load-model=a") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        client.load_model("b")
+        client.unload_model("a")
+        config = client.get_model_config("b")
+        config["max_batch_size"] = 2
+        client.load_model("b", config=json.dumps(config))
+        events = _history(server, "b")["total"]
+        # Killed in the middle of another load: what was served before is what comes back.
+        loading = threading.Thread(target=_load_quietly, args=(server, "add_sub_python"), daemon=True)
+        loading.start()
+        time.sleep(0.3)
+        server.killed = True
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(10)
+        loading.join(10)
+    with run_server([repo], *args) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("b")
+        assert client.get_model_config("b")["max_batch_size"] == 2  # its override too
+        assert not client.is_model_ready("a")
+        assert _history(server, "b")["total"] >= events
+    database = sqlite3.connect(state / "edged.db")
+    assert database.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    database.close()
+
+
+def _load_quietly(server: Server, model: str) -> None:
+    with contextlib.suppress(OSError):  # the daemon is killed while it loads
+        post_json(server.http_url, f"/v2/repository/models/{model}/load", {})
+
+
+def test_load_is_refused_outside_explicit_mode(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _add_sub(repo, "a")
+    with run_server([repo], f"--state-dir={tmp_path / 'state'}") as server:
+        reply = post_json(server.http_url, "/v2/repository/models/a/load", {})
+        assert reply.status == 503
+        assert json.loads(reply.body) == {"error": "explicit model load / unload is not allowed if polling is enabled"}
+
+
+# --- poll mode ------------------------------------------------------------------------------------------------
+
+
+def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _add_sub(repo, "polled", versions=(1,), policy="version_policy { all { } }\n")
+    with run_server(
+        [repo], "--model-control-mode=poll", "--repository-poll-secs=0.3", f"--state-dir={tmp_path / 'state'}"
+    ) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        with ClosedLoop(server, "polled") as loop:
+            shutil.copytree(repo / "polled" / "1", repo / "polled" / "2")
+            _wait(lambda: client.is_model_ready("polled", "2"), "version 2 to load")
+            shutil.rmtree(repo / "polled" / "1")
+            _wait(lambda: _index(client)[("polled", "1")].get("reason") == "unloaded", "version 1 to unload")
+        assert loop.failures == []
+        assert client.is_model_ready("polled", "2")
+        # A model folder still being written is left alone until it settles.
+        staged = tmp_path / "staged"
+        _add_sub(staged, "late")
+        onnx = (staged / "late" / "1" / "model.onnx").read_bytes()
+        late = repo / "late"
+        (late / "1").mkdir(parents=True)
+        shutil.copy(staged / "late" / "config.pbtxt", late / "config.pbtxt")
+        with (late / "1" / "model.onnx").open("wb") as handle:
+            for start in range(0, len(onnx), max(1, len(onnx) // 10)):
+                handle.write(onnx[start : start + max(1, len(onnx) // 10)])
+                handle.flush()
+                time.sleep(0.3)
+                assert ("late", "1") not in _index(client), "a folder being written was loaded"
+        _wait(lambda: client.is_model_ready("late"), "the written model to load")
+        assert [e["state"] for e in _history(server, "late")["events"]].count("UNAVAILABLE") == 0
+        # A removed model is unloaded.
+        shutil.rmtree(late)
+        _wait(lambda: not client.is_model_ready("late"), "the removed model to unload")
