@@ -263,9 +263,7 @@ class Runtime:
         read = ipc.read_tensor
         requests = []
         for spec in message["requests"]:
-            inputs = [
-                from_wire(d["n"], d["d"], read(consumer, d, copy=copy, payload=payload)) for d in spec["inputs"]
-            ]
+            inputs = [from_wire(d["n"], d["d"], read(consumer, d, copy=copy, payload=payload)) for d in spec["inputs"]]
             # Fields at their default value are left out of the message.
             requests.append(
                 pb_utils.InferenceRequest._from_daemon(
