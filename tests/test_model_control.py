@@ -407,3 +407,83 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
         # A removed model is unloaded.
         shutil.rmtree(late)
         _wait(lambda: not client.is_model_ready("late"), "the removed model to unload")
+
+
+# --- models that manage models (pb_utils.load_model / unload_model) -------------------------------------------
+
+MANAGER_MODEL: Final = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            op = pb_utils.get_input_tensor_by_name(request, "OP").as_numpy()[0].decode()
+            target = pb_utils.get_input_tensor_by_name(request, "TARGET").as_numpy()[0].decode()
+            blob = pb_utils.get_input_tensor_by_name(request, "BLOB")
+            error = ""
+            try:
+                if op == "load":
+                    pb_utils.load_model(target)
+                elif op == "load_files":
+                    config = json.dumps({"name": target, "platform": "onnxruntime_onnx", "max_batch_size": 8})
+                    pb_utils.load_model(target, config=config, files={"file:1/model.onnx": blob.as_numpy()[0]})
+                elif op == "unload":
+                    pb_utils.unload_model(target)
+            except pb_utils.TritonModelException as exc:
+                error = exc.message()
+            ready = np.array([pb_utils.is_model_ready(target)])
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("READY", ready)], parameters={"error": error}))
+        return responses
+"""
+MANAGER_CONFIG: Final = """name: "manager"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "OP" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "TARGET" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "BLOB" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+]
+output [ { name: "READY" data_type: TYPE_BOOL dims: [ 1 ] } ]
+"""
+
+
+def _manage(client: httpclient.InferenceServerClient, op: str, target: str, blob: bytes = b"") -> tuple[bool, str]:
+    inputs = []
+    for name, value in (("OP", op.encode()), ("TARGET", target.encode()), ("BLOB", blob)):
+        if name == "BLOB" and not blob:
+            continue
+        tensor = httpclient.InferInput(name, [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([value], dtype=np.object_))
+        inputs.append(tensor)
+    result = client.infer("manager", inputs)
+    return bool(result.as_numpy("READY")[0]), str(result.get_response()["parameters"]["error"])
+
+
+def test_a_python_model_loads_and_unloads_models(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "manager" / "1").mkdir(parents=True)
+    (repo / "manager" / "1" / "model.py").write_text(MANAGER_MODEL, encoding="utf-8")
+    (repo / "manager" / "config.pbtxt").write_text(MANAGER_CONFIG, encoding="utf-8")
+    _add_sub(repo, "target")
+    staged = tmp_path / "staged"
+    _add_sub(staged, "fresh")
+    onnx = (staged / "fresh" / "1" / "model.onnx").read_bytes()
+    with run_server([repo], "--model-control-mode=explicit", "--load-model=manager") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert _manage(client, "status", "target") == (False, "")
+        assert _manage(client, "load", "target") == (True, "")
+        assert client.is_model_ready("target")
+        assert _manage(client, "unload", "target") == (False, "")
+        ready, error = _manage(client, "load", "nowhere")
+        assert (ready, error) == (False, "failed to load 'nowhere', failed to poll from model repository")
+        # A model made of files the calling model hands over (through shared memory, not the message).
+        assert _manage(client, "load_files", "fresh", onnx) == (True, "")
+        result = client.infer("fresh", add_sub_inputs())
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+        events = _history(server, "fresh")["events"]
+        assert events[0]["state"] == "READY"

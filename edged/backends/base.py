@@ -114,6 +114,10 @@ class ServerApi(Protocol):
 
     def model_ready(self, name: str, version: int) -> bool: ...
 
+    async def load_model(self, name: str, config_json: str | None, files: dict[str, bytes]) -> None: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None: ...
+
 
 class Backend(Protocol):
     def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:

@@ -152,7 +152,7 @@ class InferenceService:
         """The repository extension's load: the model (re)loads beside what serves; errors say why."""
         await self._control().load(name, config_json=config_json, files=files)
 
-    async def unload_model(self, name: str, *, unload_dependents: bool = False) -> None:
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         await self._control().unload(name, unload_dependents=unload_dependents)
 
     async def model_history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:

@@ -353,7 +353,7 @@ class PythonInstance:
             if task is not None:
                 task.cancel()
         elif kind == "call":
-            self._on_call(message)
+            self._on_call(message, payload)
         elif kind == "log":
             stub_log(self._name, message)
         elif kind == "metric":
@@ -555,23 +555,53 @@ class PythonInstance:
                 }
             )
 
-    def _on_call(self, message: dict[str, Any]) -> None:
+    def _on_call(self, message: dict[str, Any], payload: memoryview | None) -> None:
+        """load_model, unload_model and is_model_ready from a model. Loads and unloads take time: they run as
+        tasks and answer when done, while the model thread that asked waits for the answer."""
         stub = self._stub
         assert stub is not None
         call, op, args = int(message["call"]), message.get("op"), message.get("args") or {}
-        reply: dict[str, Any] = {"t": "call_done", "call": call}
         server = self._state.host
         if op == "is_model_ready":
             version = str(args.get("model_version") or "")
             valid = server is not None and (not version or version.isdigit())
             number = int(version) if version else -1
-            reply["result"] = bool(
-                valid and server is not None and server.model_ready(str(args.get("model_name")), number)
-            )
-        elif op in ("load_model", "unload_model"):
-            reply["error"] = "explicit model load / unload is not allowed if polling is enabled"
+            ready = bool(valid and server is not None and server.model_ready(str(args.get("model_name")), number))
+            stub.send({"t": "call_done", "call": call, "result": ready})
+            return
+        if op not in ("load_model", "unload_model") or server is None:
+            stub.send({"t": "call_done", "call": call, "error": f"unknown call '{op}'"})
+            return
+        # Override files travel as UINT8 tensors named after their "file:<version>/<path>" keys.
+        block = stub.consumer.hold(int(message["blk"][1])) if "blk" in message else None
+        try:
+            files = {
+                d["n"].removeprefix("file:"): ipc.read_tensor(stub.consumer, d, copy=True, payload=payload).tobytes()
+                for d in args.get("files", [])
+            }
+        finally:
+            if block is not None:
+                block.release()
+        name = str(args.get("model_name", ""))
+        if op == "load_model":
+            work = server.load_model(name, str(args.get("config") or "") or None, files)
         else:
-            reply["error"] = f"unknown call '{op}'"
+            work = server.unload_model(name, bool(args.get("unload_dependents")))
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(functools.partial(self._call_done, call))
+
+    def _call_done(self, call: int, task: asyncio.Future[None]) -> None:
+        stub = self._stub
+        if stub is None or stub.gone:
+            return
+        reply: dict[str, Any] = {"t": "call_done", "call": call}
+        if task.cancelled():
+            reply["error"] = "the call was cancelled"
+        elif isinstance(exc := task.exception(), EdgedError):
+            reply["error"] = exc.message
+        elif exc is not None:
+            log.error("%s of model instance '%s' failed: %r", "load/unload", self._name, exc)
+            reply["error"] = str(exc)
         stub.send(reply)
 
     # --- supervision --------------------------------------------------------------------------------------------

@@ -510,12 +510,24 @@ class Runtime:
     def cancel_bls(self, call: int) -> None:
         self.send({"t": "bls_cancel", "call": call})
 
-    def call(self, op: str, args: dict[str, Any]) -> Any:
+    def call(self, op: str, args: dict[str, Any], files: dict[str, bytes] | None = None) -> Any:
         call = next(self._call_ids)
         waiter: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._calls[call] = waiter
         self._want_reader()
-        self.send({"t": "call", "call": call, "op": op, "args": args})
+        tensors = None
+        if files:
+            # File contents go as tensors (through shared memory), never inside the JSON message.
+            tensors = ipc.TensorWriter()
+            args = {
+                **args,
+                "files": [tensors.add(key, "UINT8", [len(content)], bytes(content)) for key, content in files.items()],
+            }
+        try:
+            self.send({"t": "call", "call": call, "op": op, "args": args}, tensors)
+        except (ValueError, shm.RingFull) as exc:
+            self._calls.pop(call, None)
+            raise pb_utils.TritonModelException(f"{op}: {exc}") from None
         reply = waiter.get()
         if "error" in reply:
             raise pb_utils.TritonModelException(reply["error"])

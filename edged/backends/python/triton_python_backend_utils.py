@@ -107,7 +107,7 @@ class _Runtime(Protocol):
 
     def cancel_bls(self, call: int) -> None: ...
 
-    def call(self, op: str, args: dict[str, Any]) -> Any: ...
+    def call(self, op: str, args: dict[str, Any], files: dict[str, bytes] | None = None) -> Any: ...
 
     def metric(self, message: dict[str, Any]) -> None: ...
 
@@ -756,9 +756,12 @@ class Metric:
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    _require_runtime("load_model").call(
-        "load_model", {"model_name": model_name, "config": config, "files": sorted(files or {})}
-    )
+    """Load or reload a model (explicit model control only): ``config`` a model config as JSON, ``files``
+    ``{"file:<version>/<path>": contents}`` for the model's private copy, as the repository API takes them."""
+    for key, content in (files or {}).items():
+        if not key.startswith("file:") or not isinstance(content, (bytes, bytearray)):
+            raise TritonModelException(f"override files are given as {{'file:<version>/<path>': bytes}}, not '{key}'")
+    _require_runtime("load_model").call("load_model", {"model_name": model_name, "config": config}, files or {})
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
