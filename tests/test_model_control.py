@@ -11,6 +11,8 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -136,6 +138,8 @@ def test_explicit_mode_loads_what_it_is_asked(explicit: tuple[Server, Path, Path
         "reason": "unloaded",
     }
     assert not client.is_model_ready("waiting")
+    # An unloaded model is not one that should be served: the server stays ready (strict readiness).
+    assert client.is_server_ready()
     # Unknown models: a load fails as in Triton, an unload is no error.
     with pytest.raises(InferenceServerException) as info:
         client.load_model("nosuch")
@@ -147,6 +151,10 @@ def test_explicit_mode_loads_what_it_is_asked(explicit: tuple[Server, Path, Path
     assert info.value.status() == "400"
     assert info.value.message().startswith("load failed for model 'init_fails': version 1 is at UNAVAILABLE state: ")
     assert "weights file is missing" in info.value.message()
+    # A model that should be served and is not: the server is not ready, until it is unloaded.
+    assert not client.is_server_ready()
+    client.unload_model("init_fails")
+    assert client.is_server_ready()
 
 
 def test_the_load_api_over_grpc(explicit: tuple[Server, Path, Path]) -> None:
@@ -487,3 +495,34 @@ def test_a_python_model_loads_and_unloads_models(tmp_path: Path) -> None:
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
         events = _history(server, "fresh")["events"]
         assert events[0]["state"] == "READY"
+
+
+def test_a_state_database_that_cannot_be_used_stops_the_start(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _add_sub(repo, "a")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "edged.db").write_bytes(b"this is not a database" * 100)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edged",
+            "serve",
+            "--model-repository",
+            str(repo),
+            f"--state-dir={state}",
+            "--http-port=0",
+            "--grpc-port=0",
+            "--metrics-port=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 1
+    assert "Traceback" not in completed.stderr
+    errors = [line for line in completed.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and str(state / "edged.db") in errors[0], completed.stderr

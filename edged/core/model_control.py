@@ -185,7 +185,7 @@ class ModelController:
                 for version in entry.versions.values():
                     if version.state is ModelState.READY:
                         tasks.append(self._retire(version, origin))
-                entry.state = ModelState.UNAVAILABLE
+                entry.state, entry.wanted = ModelState.UNAVAILABLE, False
             if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
                 self._record(self._store.remove_desired, name)
         if tasks:

@@ -82,6 +82,8 @@ class ModelEntry:
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     # The folder as it was when loaded: poll mode reloads the model when it differs.
     folder: FolderPrint | None = None
+    # False once unloaded on request: the model is no longer one that should be served (strict readiness).
+    wanted: bool = True
 
 
 class VersionsUnavailable(Exception):
@@ -356,7 +358,7 @@ class ModelRepositoryManager:
 
     def all_ready(self) -> bool:
         """Every model that should be served is READY (the strict readiness rule)."""
-        return all(e.state is ModelState.READY for e in self._models.values())
+        return all(e.state is ModelState.READY for e in self._models.values() if e.wanted)
 
     def failed(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
