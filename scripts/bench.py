@@ -14,6 +14,15 @@ For each model, protocol and concurrency it measures, one after the other so the
 3. Triton: Triton Inference Server serving the same model.onnx through a Python-backend model that runs
    onnxruntime (the reference build has no ONNX Runtime backend), with the same perf_analyzer commands.
 
+With ``--batching`` it measures dynamic batching instead, on the ResNet-50-shaped model only:
+
+1. in-process: one thread running ``InferenceSession.run`` on batches of 1, 2, 4, 8 and 16 images back to back;
+   the best images per second is the ceiling every ratio divides by;
+2. edged and Triton, each serving four models over the same model.onnx: without batching and with
+   ``dynamic_batching``, each with one and with two instances, driven by perf_analyzer at concurrency 1, 4, 8 and
+   16 with batch-1 requests (HTTP unless ``--protocols`` says otherwise). The servers' statistics give the mean
+   batch they executed.
+
 Run it through ``scripts/bench``, which sets up the checkout first::
 
     scripts/bench                       # add_sub and resnet50, every protocol, concurrency 1, 8, 16
@@ -21,6 +30,8 @@ Run it through ``scripts/bench``, which sets up the checkout first::
     scripts/bench --protocols grpc      # only the gRPC rows (unary, streaming, shared memory)
     scripts/bench --skip-triton         # edged and in-process only
     scripts/bench --skip-shm            # no shared-memory rows
+    scripts/bench --batching            # dynamic batching and instance counts on resnet50 (about 10 minutes)
+    scripts/bench --batching --quick    # the same at concurrency 1 and 8, short windows
 
 perf_analyzer 2.60 loads the CUDA runtime (libcudart) whenever it runs with shared memory, even system shared
 memory, and stops when it cannot. Loading the library needs no GPU, so before the first shared-memory run the
@@ -101,13 +112,15 @@ Array = npt.NDArray[Any]
 
 # Triton's reference build has no ONNX Runtime backend, so it serves each model.onnx through this
 # Python-backend model: one InferenceSession with the options edged gives a model without parameters
-# (pool threads that do not spin), as the in-process loop uses too.
+# (pool threads that do not spin), as the in-process loop uses too. Requests that Triton's dynamic batcher
+# hands over together run as one batch, as edged's onnxruntime backend runs them.
 TRITON_MODEL_PY: Final = '''\
 """Runs model.onnx with onnxruntime inside Triton's Python backend (written by scripts/bench.py)."""
 
 import json
 import os
 
+import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
@@ -122,15 +135,30 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = [tensor["name"] for tensor in config["output"]]
+        self.batching = config.get("max_batch_size", 0) > 0
 
     def execute(self, requests):
+        feeds = [
+            {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}
+            for request in requests
+        ]
+        if len(requests) == 1 or not self.batching:
+            return [self._response(self.session.run(self.outputs, request_feeds)) for request_feeds in feeds]
+        # A batch from the dynamic batcher: one run over the requests' inputs concatenated along the batch
+        # dimension (the batcher only groups requests of equal shapes), its outputs split back per request.
+        batch = {name: np.concatenate([request_feeds[name] for request_feeds in feeds]) for name in self.inputs}
+        results = self.session.run(self.outputs, batch)
         responses = []
-        for request in requests:
-            feeds = {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}
-            results = self.session.run(self.outputs, feeds)
-            tensors = [pb_utils.Tensor(name, array) for name, array in zip(self.outputs, results)]
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        start = 0
+        for request_feeds in feeds:
+            end = start + len(request_feeds[self.inputs[0]])
+            responses.append(self._response([array[start:end] for array in results]))
+            start = end
         return responses
+
+    def _response(self, results):
+        tensors = [pb_utils.Tensor(name, array) for name, array in zip(self.outputs, results)]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
 '''
 
 
@@ -201,6 +229,8 @@ class Measurement:
     # The share of all CPUs that other processes used while this was measured (None where unknown).
     others_cpu: float | None = None
     seconds: float | None = None  # how long the measurement took
+    # Inferences per model execution on the server during the measurement, from its statistics (--batching).
+    batch: float | None = None
 
     @property
     def disturbed(self) -> bool:
@@ -349,8 +379,8 @@ class Retries:
 # model repositories
 
 
-def prepare_models(models: Sequence[BenchModel]) -> None:
-    """Generates the models once into bench-models/models/ and links this run's ones into edged's repository."""
+def generate_models(models: Sequence[BenchModel]) -> None:
+    """Generates the models once into bench-models/models/."""
     MODEL_STORE.mkdir(parents=True, exist_ok=True)
     for model in models:
         if model.name == "add_sub":  # cheap and deterministic: always rewritten
@@ -363,6 +393,11 @@ def prepare_models(models: Sequence[BenchModel]) -> None:
                 modelgen.write_resnet50(staged, max_batch_size=16)
                 shutil.rmtree(MODEL_STORE / model.name, ignore_errors=True)
                 staged.rename(MODEL_STORE / model.name)
+
+
+def prepare_models(models: Sequence[BenchModel]) -> None:
+    """Generates the models once into bench-models/models/ and links this run's ones into edged's repository."""
+    generate_models(models)
     # edged serves only this run's models, so a quick run does not wait for resnet50 to load.
     shutil.rmtree(EDGED_REPO, ignore_errors=True)
     EDGED_REPO.mkdir()
@@ -376,16 +411,30 @@ def prepare_triton_models(models: Sequence[BenchModel]) -> None:
         source = MODEL_STORE / model.name
         target = TRITON_REPO / model.name
         (target / "1").mkdir(parents=True)
-        config = (source / modelgen.CONFIG_FILENAME).read_text(encoding="utf-8")
-        config, count = re.subn(r'(?m)^platform: "onnxruntime_onnx"$', 'backend: "python"', config)
-        if count != 1:
-            raise RuntimeError(f"unexpected config.pbtxt layout in {source}")
-        config += "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
+        config = _python_backend(source, (source / modelgen.CONFIG_FILENAME).read_text(encoding="utf-8"))
+        config += _instance_group(1)
         (target / modelgen.CONFIG_FILENAME).write_text(config, encoding="utf-8")
         (target / "1" / "model.py").write_text(TRITON_MODEL_PY, encoding="utf-8")
-        (target / "1" / modelgen.MODEL_FILENAME).symlink_to(
-            os.path.relpath(source / "1" / modelgen.MODEL_FILENAME, target / "1")
-        )
+        _link_model_file(source, target)
+
+
+def _python_backend(source: Path, config: str) -> str:
+    """An onnxruntime model's config.pbtxt turned into one for the Python-backend wrapper (TRITON_MODEL_PY)."""
+    config, count = re.subn(r'(?m)^platform: "onnxruntime_onnx"$', 'backend: "python"', config)
+    if count != 1:
+        raise RuntimeError(f"unexpected config.pbtxt layout in {source}")
+    return config
+
+
+def _instance_group(count: int) -> str:
+    return f"instance_group [\n  {{\n    count: {count}\n    kind: KIND_CPU\n  }}\n]\n"
+
+
+def _link_model_file(source: Path, target: Path) -> None:
+    """Links the generated model.onnx into version 1 of a model folder of a server's repository."""
+    (target / "1" / modelgen.MODEL_FILENAME).symlink_to(
+        os.path.relpath(source / "1" / modelgen.MODEL_FILENAME, target / "1")
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -743,16 +792,22 @@ def measure_server(
     rows: dict[tuple[str, str, int], Row],
     shm: SharedMemory,
     retries: Retries,
+    concurrencies: Sequence[int] = CONCURRENCIES,
+    count_batches: bool = False,
 ) -> None:
+    """Measures each model, mode and concurrency on one server; ``count_batches`` also records the mean batch
+    the server executed, from its statistics."""
     try:
         with running_server(label, command, ports.http) as session:
             for model in models:
                 for mode in modes:
-                    for concurrency in CONCURRENCIES:
+                    for concurrency in concurrencies:
                         if mode.shared_memory and shm.unavailable:
                             continue
                         where = f"{label} {model.name} {mode.name} c={concurrency}"
                         measure = functools.partial(load.measure, model, mode, ports, concurrency, label)
+                        if count_batches:
+                            measure = functools.partial(_batches_counted, measure, ports.http, model.name)
                         result = retries.measure(where, measure, session)
                         if mode.shared_memory and result.error and CUDA_RUNTIME_FAILURE.search(result.error):
                             shm.unavailable = f"perf_analyzer cannot run with --shared-memory system: {result.error}"
@@ -764,14 +819,36 @@ def measure_server(
                         else:
                             p99 = "unknown" if result.p99_us is None else f"{_fmt_us(result.p99_us)} us"
                             unstable = "" if result.stable else " (unstable: mean of the last 3 windows)"
+                            batch = "" if result.batch is None else f", mean batch {result.batch:.2f}"
                             say(
                                 f"{where}: {_fmt_rate(result.throughput)} infer/s, p50 {_fmt_us(result.p50_us)} us, "
-                                f"p99 {p99}{unstable} [{result.seconds:.0f} s]{_busy_note(result)}"
+                                f"p99 {p99}{batch}{unstable} [{result.seconds:.0f} s]{_busy_note(result)}"
                             )
     except RuntimeError as exc:
         say(f"{label}: FAILED: {exc}")
         for row in rows.values():
             setattr(row, label, Measurement(error=str(exc)))
+
+
+def _execution_counts(http_port: int, model: str) -> tuple[int, int] | None:
+    """The model's inference and execution counts from the statistics extension (Triton's and edged's alike)."""
+    try:
+        url = f"http://127.0.0.1:{http_port}/v2/models/{model}/stats"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            stats = json.load(reply)["model_stats"]
+        return sum(s["inference_count"] for s in stats), sum(s["execution_count"] for s in stats)
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _batches_counted(measure: Callable[[], Measurement], http_port: int, model: str) -> Measurement:
+    """Runs ``measure`` and adds the mean batch the server executed meanwhile (perf_analyzer's warm-up included)."""
+    before = _execution_counts(http_port, model)
+    result = measure()
+    after = _execution_counts(http_port, model)
+    if before and after and after[1] > before[1]:
+        result.batch = round((after[0] - before[0]) / (after[1] - before[1]), 2)
+    return result
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -826,7 +903,7 @@ TEXT_COLUMNS: Final = 3  # left-aligned; the others hold figures
 
 
 def table(rows: Sequence[Row]) -> str:
-    body = [
+    body: list[tuple[str, ...]] = [
         (
             row.model,
             str(row.concurrency),
@@ -841,19 +918,23 @@ def table(rows: Sequence[Row]) -> str:
         )
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in (TABLE_HEADER, *body)) for i in range(len(TABLE_HEADER))]
+    return _markdown(TABLE_HEADER, body, TEXT_COLUMNS)
+
+
+def _markdown(header: Sequence[str], body: Sequence[Sequence[str]], text_columns: int) -> str:
+    """Names (the first ``text_columns``) left-aligned, figures right-aligned: also valid Markdown."""
+    widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
-        # Names left-aligned, figures right-aligned: the table is also valid Markdown.
         padded = [
-            c.ljust(w) if i < TEXT_COLUMNS else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            c.ljust(w) if i < text_columns else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ]
         return "| " + " | ".join(padded) + " |"
 
     rule = (
-        "|" + "|".join("-" * (w + 2) if i < TEXT_COLUMNS else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+        "|" + "|".join("-" * (w + 2) if i < text_columns else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
     )
-    return "\n".join([line(TABLE_HEADER), rule, *(line(cells) for cells in body)])
+    return "\n".join([line(header), rule, *(line(cells) for cells in body)])
 
 
 def _cpu_model() -> str:
@@ -894,6 +975,147 @@ def _triton_ort_version() -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------------
+# dynamic batching (--batching)
+
+# The in-process ceiling: one session running batches of these sizes back to back; 16 is max_batch_size.
+BATCH_SIZES: Final = (1, 2, 4, 8, 16)
+BATCHING_CONCURRENCIES: Final = (1, 4, 8, 16)
+BATCHING_QUICK_CONCURRENCIES: Final = (1, 8)
+# How long a batch waits for more requests after its oldest one arrived. It matters only when an instance is idle:
+# while every instance runs, the next batch gathers in the queue anyway. 2 ms lets the requests of clients that
+# were answered together (one batch) arrive and be parsed, yet costs a lone request (concurrency 1, about 40 ms a
+# run on 2 cores) only 5%. No preferred_batch_size: onnxruntime on this CPU gains little from any one batch size,
+# so a batch goes when the delay has passed or it is full.
+BATCHING_QUEUE_DELAY_US: Final = 2000
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to serve the ResNet-50-shaped model: a model of its own in each server's repository."""
+
+    name: str
+    dynamic_batching: bool
+    instances: int
+
+    @property
+    def label(self) -> str:
+        batching = "dynamic batching" if self.dynamic_batching else "no batching"
+        return f"{batching}, {self.instances} instance{'s' if self.instances > 1 else ''}"
+
+    def config(self, base: str, source: Path) -> str:
+        """``base`` (the generated config.pbtxt) renamed, with this variant's instances and batching."""
+        config, count = re.subn(r'(?m)^name: "[^"]*"$', f'name: "{self.name}"', base)
+        if count != 1:
+            raise RuntimeError(f"unexpected config.pbtxt layout in {source}")
+        config += _instance_group(self.instances)
+        if self.dynamic_batching:
+            config += f"dynamic_batching {{\n  max_queue_delay_microseconds: {BATCHING_QUEUE_DELAY_US}\n}}\n"
+        return config
+
+
+VARIANTS: Final = (
+    Variant("resnet50_1", dynamic_batching=False, instances=1),
+    Variant("resnet50_2", dynamic_batching=False, instances=2),
+    Variant("resnet50_batching_1", dynamic_batching=True, instances=1),
+    Variant("resnet50_batching_2", dynamic_batching=True, instances=2),
+)
+
+
+def batching_model(quick: bool) -> BenchModel:
+    # Windows of 3 s hold 5 or more batches of 16 (about 0.6 s each on 2 cores), enough for a steady rate.
+    return BenchModel("resnet50", 3.0 if quick else 8.0, 1500 if quick else 3000, 1000 * 4, _resnet50_inputs)
+
+
+def prepare_batching_models(model: BenchModel) -> list[BenchModel]:
+    """Writes one model per variant, all over the same model.onnx, into edged's and Triton's repositories."""
+    generate_models([model])
+    source = MODEL_STORE / model.name
+    base = (source / modelgen.CONFIG_FILENAME).read_text(encoding="utf-8")
+    for repo in (EDGED_REPO, TRITON_REPO):
+        shutil.rmtree(repo, ignore_errors=True)
+        for variant in VARIANTS:
+            target = repo / variant.name
+            (target / "1").mkdir(parents=True)
+            config = variant.config(base, source)
+            if repo == TRITON_REPO:
+                config = _python_backend(source, config)
+                (target / "1" / "model.py").write_text(TRITON_MODEL_PY, encoding="utf-8")
+            (target / modelgen.CONFIG_FILENAME).write_text(config, encoding="utf-8")
+            _link_model_file(source, target)
+    return [
+        BenchModel(v.name, model.in_process_s, model.window_ms, model.output_bytes, model.make_inputs) for v in VARIANTS
+    ]
+
+
+def run_in_process_batches(model: BenchModel, retries: Retries) -> dict[int, Measurement]:
+    """One thread running batches of each size back to back on one session; throughput in images per second."""
+    path = MODEL_STORE / model.name / "1" / modelgen.MODEL_FILENAME
+    session = ort.InferenceSession(str(path), edged_session_options(), providers=["CPUExecutionProvider"])
+    image = model.make_inputs()
+    results: dict[int, Measurement] = {}
+    for size in BATCH_SIZES:
+        feeds = {name: np.repeat(array, size, axis=0) for name, array in image.items()}
+        for _ in range(2):  # first runs of a new shape allocate the arena
+            session.run(None, feeds)
+        measure = functools.partial(measure_in_process, session, feeds, 1, model.in_process_s)
+        result = retries.measure(f"in-process {model.name} batch {size}", measure, None)
+        if result.throughput is not None:
+            result.throughput *= size
+        result.batch = size
+        results[size] = result
+        say(
+            f"in-process {model.name} batch {size}: {_fmt_rate(result.throughput)} images/s, "
+            f"p50 {_fmt_us(result.p50_us)} us a batch{_busy_note(result)}"
+        )
+    return results
+
+
+BATCHING_HEADER: Final = (
+    "variant",
+    "conc",
+    "protocol",
+    "edged infer/s",
+    "edged/in-process best",
+    "edged p50 us",
+    "edged batch",
+    "Triton infer/s",
+    "Triton/in-process best",
+    "Triton p50 us",
+    "Triton batch",
+)
+
+
+def batching_table(rows: Sequence[Row]) -> str:
+    labels = {variant.name: variant.label for variant in VARIANTS}
+
+    def batch(m: Measurement) -> str:
+        return "-" if m.batch is None else f"{m.batch:.1f}"
+
+    body = [
+        (
+            labels.get(row.model, row.model),
+            str(row.concurrency),
+            row.protocol,
+            _fmt_measured(row.edged),
+            _fmt_ratio(row.edged, row.in_process),
+            _fmt_us(row.edged.p50_us, row.edged.stable),
+            batch(row.edged),
+            _fmt_measured(row.triton),
+            _fmt_ratio(row.triton, row.in_process),
+            _fmt_us(row.triton.p50_us, row.triton.stable),
+            batch(row.triton),
+        )
+        for row in rows
+    ]
+    return _markdown(BATCHING_HEADER, body, TEXT_COLUMNS)
+
+
+def in_process_table(results: dict[int, Measurement]) -> str:
+    body = [(str(size), _fmt_measured(m), _fmt_us(m.p50_us)) for size, m in sorted(results.items())]
+    return _markdown(("batch", "in-process images/s", "p50 us a batch"), body, 0)
+
+
+# --------------------------------------------------------------------------------------------------------
 # main
 
 
@@ -908,13 +1130,18 @@ def _protocols(text: str) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="add_sub only, short measurements")
+    parser.add_argument(
+        "--batching",
+        action="store_true",
+        help="only the dynamic-batching comparison on resnet50 (HTTP unless --protocols says otherwise)",
+    )
     parser.add_argument("--skip-triton", action="store_true", help="do not measure Triton")
     parser.add_argument(
         "--protocols",
         type=_protocols,
-        default=PROTOCOLS,
+        default=None,
         metavar="http,grpc",
-        help="the protocols to measure (default: both); grpc includes streaming",
+        help="the protocols to measure (default: both; --batching: http); grpc includes streaming",
     )
     parser.add_argument("--skip-shm", action="store_true", help="do not measure with system shared memory")
     args = parser.parse_args(argv)
@@ -923,7 +1150,13 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.monotonic()
     models = bench_models(args.quick)
-    modes = [m for m in MODES if m.protocol in args.protocols and not (args.skip_shm and m.shared_memory)]
+    if args.batching:
+        # Unary calls without shared memory: batching is about the server, not about how tensors travel.
+        protocols = args.protocols or ("http",)
+        modes = [m for m in MODES if m.protocol in protocols and not m.streaming and not m.shared_memory]
+    else:
+        protocols = args.protocols or PROTOCOLS
+        modes = [m for m in MODES if m.protocol in protocols and not (args.skip_shm and m.shared_memory)]
     machine = {
         "cpus": os.cpu_count(),
         "cpu_model": _cpu_model(),
@@ -934,7 +1167,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{machine['cpus']} CPUs ({machine['cpu_model']}), onnxruntime {ort.__version__}")
 
     BENCH_DIR.mkdir(exist_ok=True)
-    prepare_models(models)
+    if not args.batching:
+        prepare_models(models)
 
     load: LoadGenerator
     shm = SharedMemory()
@@ -958,6 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     measured = [m.name for m in modes if not (m.shared_memory and shm.unavailable)]
     say(f"load generator: {load.description}; protocols: {', '.join(measured)}")
+    if args.batching:
+        return run_batching(args.quick, args.skip_triton, modes, load, machine, argv, began)
     rows = {(m.name, p.name, c): Row(m.name, c, p.name) for m in models for p in modes for c in CONCURRENCIES}
 
     retries = Retries(RETRY_BUDGET_S / 4 if args.quick else RETRY_BUDGET_S)
@@ -969,13 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
         row.in_process = in_process[row.model, row.concurrency]
 
     ports = free_ports()
-    edged = [
-        str(ROOT / ".venv" / "bin" / "edged"), "serve",
-        "--model-repository", str(EDGED_REPO.relative_to(ROOT)),
-        "--http-address", "127.0.0.1", "--http-port", str(ports.http),
-        "--grpc-address", "127.0.0.1", "--grpc-port", str(ports.grpc),
-        "--metrics-port", str(ports.metrics),
-    ]  # fmt: skip
+    edged = edged_command(ports)
     client_shm = any(m.shared_memory for m in modes) and not shm.unavailable
     if client_shm:
         edged.append("--allow-client-shm=true")  # off by default, as in Triton
@@ -990,18 +1220,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prepare_triton_models(models)
         ports = free_ports()
-        triton = [
-            str(TRITON_REFERENCE), str(TRITON_REPO.relative_to(ROOT)),
-            "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-        ]  # fmt: skip
         busy["triton"] = check_idle("triton")
-        measure_server("triton", triton, ports, models, modes, load, rows, shm, retries)
-        version = _triton_ort_version()
-        triton_note = (
-            "Triton 2.51 (CPU build), Python backend running onnxruntime"
-            + (f" {version}" if version else "")
-            + ", instance_group count 1"
-        )
+        measure_server("triton", triton_command(ports), ports, models, modes, load, rows, shm, retries)
+        triton_note = _triton_description() + ", instance_group count 1"
 
     shown = [m for m in modes if not (m.shared_memory and shm.unavailable)]
     ordered = [rows[m.name, p.name, c] for m in models for c in CONCURRENCIES for p in shown]
@@ -1067,6 +1288,146 @@ def main(argv: list[str] | None = None) -> int:
                 "triton": triton_note,
                 "cpu_busy_before": busy,
                 "rows": [asdict(row) for row in ordered],
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    print(f"results: {RESULTS_FILE.relative_to(ROOT)} ({time.monotonic() - began:.0f} s)")
+    return 1 if errors else 0
+
+
+def edged_command(ports: Ports) -> list[str]:
+    return [
+        str(ROOT / ".venv" / "bin" / "edged"), "serve",
+        "--model-repository", str(EDGED_REPO.relative_to(ROOT)),
+        "--http-address", "127.0.0.1", "--http-port", str(ports.http),
+        "--grpc-address", "127.0.0.1", "--grpc-port", str(ports.grpc),
+        "--metrics-port", str(ports.metrics),
+    ]  # fmt: skip
+
+
+def triton_command(ports: Ports) -> list[str]:
+    return [
+        str(TRITON_REFERENCE), str(TRITON_REPO.relative_to(ROOT)),
+        "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
+    ]  # fmt: skip
+
+
+def _triton_description() -> str:
+    version = _triton_ort_version()
+    return "Triton 2.51 (CPU build), Python backend running onnxruntime" + (f" {version}" if version else "")
+
+
+def run_batching(
+    quick: bool,
+    skip_triton: bool,
+    modes: Sequence[Mode],
+    load: LoadGenerator,
+    machine: dict[str, Any],
+    argv: list[str] | None,
+    began: float,
+) -> int:
+    """The dynamic-batching phase: edged and Triton serving the ResNet-50-shaped model with and without dynamic
+    batching, one and two instances, against the best batch throughput of in-process onnxruntime."""
+    model = batching_model(quick)
+    concurrencies = BATCHING_QUICK_CONCURRENCIES if quick else BATCHING_CONCURRENCIES
+    variants = prepare_batching_models(model)
+    retries = Retries(RETRY_BUDGET_S / 4 if quick else RETRY_BUDGET_S)
+    busy: dict[str, float] = {}
+    busy["in-process"] = check_idle("in-process")
+    say(f"measuring in-process onnxruntime at batch {', '.join(map(str, BATCH_SIZES))}")
+    in_process = run_in_process_batches(model, retries)
+    best_size = max(BATCH_SIZES, key=lambda size: in_process[size].throughput or 0.0)
+    best = in_process[best_size]
+    say(f"in-process best: {_fmt_rate(best.throughput)} images/s at batch {best_size}")
+    rows = {
+        (v.name, m.name, c): Row(v.name, c, m.name, in_process=best)
+        for v in variants
+        for m in modes
+        for c in concurrencies
+    }
+    shm = SharedMemory()  # not used: batching rows send tensors over the socket
+
+    ports = free_ports()
+    busy["edged"] = check_idle("edged")
+    measure_server("edged", edged_command(ports), ports, variants, modes, load, rows, shm, retries, concurrencies, True)
+    triton_note = None
+    if skip_triton:
+        triton_note = "skipped (--skip-triton)"
+    elif not TRITON_REFERENCE.is_file():
+        triton_note = f"skipped ({TRITON_REFERENCE} not found)"
+    else:
+        ports = free_ports()
+        busy["triton"] = check_idle("triton")
+        measure_server(
+            "triton", triton_command(ports), ports, variants, modes, load, rows, shm, retries, concurrencies, True
+        )
+        triton_note = _triton_description() + "; model.py runs each batch as one session.run"
+
+    ordered = [rows[v.name, m.name, c] for v in variants for m in modes for c in concurrencies]
+    print()
+    print(in_process_table(in_process))
+    print()
+    print(batching_table(ordered))
+    print()
+    print(f"machine: {machine['cpus']} CPUs, {machine['cpu_model']}; onnxruntime {ort.__version__}")
+    print(
+        f"in-process best: {_fmt_rate(best.throughput)} images/s at batch {best_size} (one InferenceSession, edged's "
+        "session options, one thread running batches back to back); every ratio divides by it"
+    )
+    print(f"servers: {load.description}; conc = requests in flight (perf_analyzer --concurrency-range)")
+    print(
+        f"dynamic batching: max_batch_size 16, max_queue_delay_microseconds {BATCHING_QUEUE_DELAY_US}, "
+        "no preferred_batch_size; instances: instance_group count, KIND_CPU"
+    )
+    print("batch: inferences per model execution on the server during the measurement (its statistics)")
+    if machine["edged"]:
+        print(f"edged: {machine['edged']}")
+    if triton_note:
+        print(f"Triton: {triton_note}")
+    if any(not m.stable for row in ordered for m in (row.edged, row.triton)):
+        print("~: perf_analyzer found no three windows within 10%; mean of its last three windows, p99 unknown")
+    disturbed = [
+        m for m in [*in_process.values(), *(m for row in ordered for m in (row.edged, row.triton))] if m.disturbed
+    ]
+    if disturbed:
+        print(
+            f"!: other processes used more than {BUSY_WARNING:.0%} of the CPU during that measurement "
+            f"({len(disturbed)} of them); those figures are likely low: measure them again"
+        )
+    if any(share > BUSY_WARNING for share in busy.values()):
+        print(
+            "warning: other processes used the CPU before "
+            + ", ".join(f"{phase} ({share:.0%})" for phase, share in busy.items() if share > BUSY_WARNING)
+        )
+    errors = [
+        f"{row.model} {row.protocol} c={row.concurrency} {label}: {m.error}"
+        for row in ordered
+        for label, m in (("edged", row.edged), ("triton", row.triton))
+        if m.error
+    ]
+    for error in errors:
+        print(f"failed: {error}")
+
+    RESULTS_FILE.write_text(
+        json.dumps(
+            {
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
+                "machine": machine,
+                "load_generator": load.description,
+                "protocols": [m.name for m in modes],
+                "triton": triton_note,
+                "cpu_busy_before": busy,
+                "batching": {
+                    "max_queue_delay_microseconds": BATCHING_QUEUE_DELAY_US,
+                    "variants": {v.name: asdict(v) | {"label": v.label} for v in VARIANTS},
+                    "in_process": {str(size): asdict(m) for size, m in in_process.items()},
+                    "in_process_best_batch": best_size,
+                    "rows": [asdict(row) for row in ordered],
+                },
             },
             indent=2,
         )
