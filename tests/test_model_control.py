@@ -42,6 +42,11 @@ def _index(client: httpclient.InferenceServerClient) -> dict[tuple[str, str], di
     return {(e["name"], e.get("version", "")): e for e in client.get_model_repository_index()}
 
 
+def _statistics(client: httpclient.InferenceServerClient, model: str) -> dict[str, Any]:
+    stats: dict[str, Any] = client.get_inference_statistics(model)["model_stats"][0]
+    return stats
+
+
 def _history(server: Server, model: str, **query: int) -> dict[str, Any]:
     path = f"/v2/edged/models/{model}/history"
     if query:
@@ -182,12 +187,18 @@ def test_swaps_under_load_lose_no_request(explicit: tuple[Server, Path, Path], m
         _wait(lambda: _index(client)[(model, "1")].get("reason") == "unloaded", "version 1 to unload")
         # A changed config: reloaded beside the serving one.
         config = repo / model / "config.pbtxt"
-        text = config.read_text(encoding="utf-8").replace("instance_group [ { count: 2 kind: KIND_CPU } ]", "")
-        config.write_text(text + "dynamic_batching { }\n", encoding="utf-8")
+        base = config.read_text(encoding="utf-8").replace("instance_group [ { count: 2 kind: KIND_CPU } ]", "")
+        base += "dynamic_batching { }\n"
+        config.write_text(base + "instance_group [ { count: 1 } ]\n", encoding="utf-8")
         client.load_model(model)
-        # Only the instance count changes.
-        config.write_text(config.read_text(encoding="utf-8") + "instance_group [ { count: 2 } ]\n", encoding="utf-8")
-        client.load_model(model)
+        # Only the instance count changes: instances are added in place, no reload (the statistics go on)...
+        sent = loop.sent
+        _wait(lambda: loop.sent > sent + 10, "requests before the count changes")
+        served = _statistics(client, model)["inference_count"]
+        for count in (2, 1, 2):  # ...and removed: the instance that goes finishes what it has first
+            config.write_text(base + f"instance_group [ {{ count: {count} }} ]\n", encoding="utf-8")
+            client.load_model(model)
+            assert _statistics(client, model)["inference_count"] >= served
         sent = loop.sent
         _wait(lambda: loop.sent > sent + 20, "requests after the last change")
     assert loop.failures == []
@@ -195,6 +206,8 @@ def test_swaps_under_load_lose_no_request(explicit: tuple[Server, Path, Path], m
     assert client.get_model_config(model)["instance_group"][0]["count"] == 2
     index = _index(client)
     assert index[(model, "2")]["state"] == "READY"
+    resized = [e for e in _history(server, model)["events"] if e["reason"].startswith("instances changed in place")]
+    assert len(resized) == 3
 
 
 def test_a_broken_new_version_leaves_the_old_one_serving(explicit: tuple[Server, Path, Path]) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.core.datatypes import CONFIG_BY_WIRE_NAME, WIRE_NAME_BY_CONFIG
-from edged.core.devices import instance_placements
+from edged.core.devices import InstancePlacement, instance_placements
 from edged.core.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode
 
@@ -114,25 +114,48 @@ class OnnxRuntimeBackend:
                     entry.reshape.SetInParent()
 
     def load(self, config: ModelConfig, context: LoadContext) -> OnnxRuntimeModel:
-        options = _session_options(config)
-        instances: list[OnnxRuntimeInstance] = []
-        for placement in instance_placements(config, context.devices):
-            group = config.instance_group[placement.group]
-            providers = _providers(config, group, placement.device_id)
-            session = _open_session(context, options, providers)
-            if not instances:
-                _check_io(config, context, session)
-            instances.append(OnnxRuntimeInstance(placement.name, group.name, config, session))
-        return OnnxRuntimeModel(instances)
+        model = OnnxRuntimeModel(config, context)
+        model.resize(config, context)
+        return model
 
 
 class OnnxRuntimeModel:
-    def __init__(self, instances: list[OnnxRuntimeInstance]) -> None:
-        self._instances = instances
+    def __init__(self, config: ModelConfig, context: LoadContext) -> None:
+        self._options = _session_options(config)
+        self._config = config
+        self._context = context
+        self._instances: list[OnnxRuntimeInstance] = []
 
     @property
     def instances(self) -> Sequence[OnnxRuntimeInstance]:
         return self._instances
+
+    def resize(
+        self, config: ModelConfig, context: LoadContext
+    ) -> tuple[list[OnnxRuntimeInstance], list[OnnxRuntimeInstance]]:
+        """Open a session for each instance the config's groups ask for that does not exist yet (by Triton's
+        instance name), and let go of those it no longer asks for: (added, removed). Blocking."""
+        unused = list(self._instances)
+        kept: list[OnnxRuntimeInstance] = []
+        added: list[OnnxRuntimeInstance] = []
+        for placement in instance_placements(config, context.devices):
+            same = next((instance for instance in unused if instance.placement == placement), None)
+            if same is not None:
+                unused.remove(same)
+                kept.append(same)
+                continue
+            group = config.instance_group[placement.group]
+            providers = _providers(config, group, placement.device_id)
+            session = _open_session(context, self._options, providers)
+            if not self._instances and not added:
+                _check_io(config, context, session)
+            added.append(OnnxRuntimeInstance(placement, group.name, config, session))
+        self._instances = kept + added
+        self._config = config
+        return added, unused
+
+    def finish_resize(self) -> None:
+        """Removed instances are idle by now; their sessions go with the last reference."""
 
     def unload(self) -> None:
         # Sessions free their memory when the last reference goes; dropping ours is the whole unload.
@@ -140,8 +163,11 @@ class OnnxRuntimeModel:
 
 
 class OnnxRuntimeInstance:
-    def __init__(self, name: str, group: str, config: ModelConfig, session: ort.InferenceSession) -> None:
-        self._name = name
+    def __init__(
+        self, placement: InstancePlacement, group: str, config: ModelConfig, session: ort.InferenceSession
+    ) -> None:
+        self.placement = placement
+        self._name = placement.name
         self.group = group
         self._session = session
         self._model_name = config.name

@@ -29,7 +29,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edged.core.scheduler import INLINE_BUDGET_NS, INLINE_MAX_INPUT_BYTES, input_bytes
+from edged.core.scheduler import (
+    INLINE_BUDGET_NS,
+    INLINE_MAX_INPUT_BYTES,
+    Leaving,
+    input_bytes,
+    instance_left,
+    leave_instances,
+)
 from edged.core.stats import ExecutionTiming, FailureReason
 from edged.errors import EdgedError, ErrorCode
 
@@ -102,6 +109,7 @@ class DynamicBatcher:
     ) -> None:
         batching = config.dynamic_batching
         self._free: deque[BackendInstance] = deque(instances)
+        self._leaving: dict[int, Leaving] = {}
         self._executor = executor
         self._stats = stats
         self._batching = config.max_batch_size > 0
@@ -177,6 +185,16 @@ class DynamicBatcher:
 
     async def drain(self) -> None:
         await self._idle.wait()
+
+    def add_instances(self, instances: Sequence[BackendInstance]) -> None:
+        """More instances to use from now on (an instance count raised without a reload)."""
+        self._free.extend(instances)
+        self._schedule()
+
+    def remove_instances(self, instances: Sequence[BackendInstance]) -> asyncio.Future[None]:
+        """Stop giving these instances batches; the future resolves once none of them is executing."""
+        self._leaving, done = leave_instances(self._free, self._leaving, instances)
+        return done
 
     # --- forming batches -----------------------------------------------------------------------------------------
 
@@ -368,7 +386,8 @@ class DynamicBatcher:
                 queued = started - request.arrival_ns
                 self._stats.record_success(request.batch_size, now - request.arrival_ns, queued, timing)
             self._settle(entry, result)
-        self._free.append(instance)
+        if not (self._leaving and instance_left(self._leaving, instance)):
+            self._free.append(instance)
         if reschedule:
             self._schedule()
 

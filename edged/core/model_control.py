@@ -287,6 +287,23 @@ class ModelController:
             and old.folder.model == folder.model  # type: ignore[union-attr]
             and old.folder.versions.get(number) == folder.versions.get(number)  # type: ignore[union-attr]
         }
+        resizable = {
+            number
+            for number in numbers
+            if number not in reusable
+            and same_files
+            and (current := old_versions.get(number)) is not None
+            and current.state is ModelState.READY
+            and current.config is not None
+            and hasattr(current.backend_model, "resize")
+            and _without_counts(current.config) == _without_counts(config)
+            and _without_config(old.folder.model) == _without_config(folder.model)  # type: ignore[union-attr]
+            and old.folder.versions.get(number) == folder.versions.get(number)  # type: ignore[union-attr]
+        }
+        for number in sorted(resizable):
+            if not await self._resize(old_versions[number], source, config, origin):
+                resizable.discard(number)
+        reusable |= resizable
         to_load = [number for number in numbers if number not in reusable]
         for number in to_load:
             self._transition(name, number, ModelState.LOADING.value, origin)
@@ -356,6 +373,35 @@ class ModelController:
                 ErrorCode.INVALID_ARG,
                 f"load failed for model '{name}': version {first.version} is at UNAVAILABLE state: {first.reason};\n",
             )
+
+    async def _resize(self, version: ModelVersion, source: ModelSource, config: ModelConfig, origin: Origin) -> bool:
+        """Only instance counts changed: add and remove instances of the serving version in place (no reload, its
+        statistics go on). False when that failed, and the version is then reloaded beside instead."""
+        loop = asyncio.get_running_loop()
+        model, scheduler = version.backend_model, version.scheduler
+        assert model is not None and scheduler is not None
+        started = time.monotonic()
+        context = self._manager.context(source, config, version.version)
+        try:
+            added, removed = await loop.run_in_executor(self._load_pool, model.resize, config, context)  # type: ignore[attr-defined]
+        except EdgedError as exc:
+            log.error("changing the instances of '%s' version %d failed: %s", version.name, version.version, exc)
+            return False
+        scheduler.add_instances(added)  # type: ignore[attr-defined]
+        await scheduler.remove_instances(removed)  # type: ignore[attr-defined]
+        await loop.run_in_executor(self._load_pool, model.finish_resize)  # type: ignore[attr-defined]
+        version.config = config
+        counts = ", ".join(f"{g.name}: {g.count}" for g in config.instance_group)
+        log.info("model '%s' version %d now has instances %s", version.name, version.version, counts)
+        self._transition(
+            version.name,
+            version.version,
+            ModelState.READY.value,
+            origin,
+            f"instances changed in place ({counts})",
+            duration_s=time.monotonic() - started,
+        )
+        return True
 
     def _load_version(
         self, source: ModelSource, config: ModelConfig, number: int
@@ -551,6 +597,20 @@ class ModelController:
 
     async def _db(self, call: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db_pool, call)
+
+
+def _without_counts(config: ModelConfig) -> bytes:
+    """The config with every instance group's count cleared: equal for configs that differ only in counts."""
+    copy = ModelConfig()
+    copy.CopyFrom(config)
+    for group in copy.instance_group:
+        group.count = 0
+    data: bytes = copy.SerializeToString(deterministic=True)
+    return data
+
+
+def _without_config(files: Any) -> Any:
+    return tuple(item for item in files if item[0] != "config.pbtxt")
 
 
 def _log_failure(future: Any) -> None:

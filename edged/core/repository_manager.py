@@ -266,14 +266,14 @@ class ModelRepositoryManager:
         backend = get_backend(config.backend)
         if self._options.auto_complete:
             backend.auto_complete_config(
-                config, self._context(source, config, versions[-1]), self._options.default_max_batch_size
+                config, self.context(source, config, versions[-1]), self._options.default_max_batch_size
             )
         gpus = self._options.devices.gpu_ids
         normalize_model_config(config, gpus)
         validate_model_config(config)
         validate_instance_groups(config, gpus)
 
-    def _context(self, source: ModelSource, config: ModelConfig, version: int) -> LoadContext:
+    def context(self, source: ModelSource, config: ModelConfig, version: int) -> LoadContext:
         return LoadContext(
             source.name,
             version,
@@ -288,7 +288,7 @@ class ModelRepositoryManager:
         try:
             version.labels = {o.name: read_labels(source, o.label_filename) for o in config.output if o.label_filename}
             version.signature = ModelSignature.from_config(config)
-            version.backend_model = get_backend(config.backend).load(config, self._context(source, config, number))
+            version.backend_model = get_backend(config.backend).load(config, self.context(source, config, number))
         except EdgedError as exc:
             version.state, version.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load '%s' version %d: %s", source.name, number, exc.message)

@@ -59,6 +59,8 @@ class DirectScheduler:
 
     def __init__(self, instances: Sequence[BackendInstance], executor: Executor, stats: ModelStatistics) -> None:
         self._free: deque[BackendInstance] = deque(instances)
+        # Instances on their way out (remove_instances), by id, with what to tell when the last one is idle.
+        self._leaving: dict[int, Leaving] = {}
         self._waiters: deque[asyncio.Future[BackendInstance]] = deque()
         self._executor = executor
         self._stats = stats
@@ -174,7 +176,19 @@ class DirectScheduler:
         finally:
             self._stats.pending -= 1
 
+    def add_instances(self, instances: Sequence[BackendInstance]) -> None:
+        """More instances to use from now on (an instance count raised without a reload)."""
+        for instance in instances:
+            self._release(instance)
+
+    def remove_instances(self, instances: Sequence[BackendInstance]) -> asyncio.Future[None]:
+        """Stop handing these instances work; the future resolves once none of them is executing."""
+        self._leaving, done = leave_instances(self._free, self._leaving, instances)
+        return done
+
     def _release(self, instance: BackendInstance) -> None:
+        if self._leaving and instance_left(self._leaving, instance):
+            return
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -204,3 +218,40 @@ def _timed_execute(
     start = time.perf_counter_ns()
     results = instance.execute((request,), timing)
     return results, time.perf_counter_ns() - start
+
+
+class Leaving:
+    """Instances leaving a scheduler: ``done`` resolves when the last of them is idle."""
+
+    __slots__ = ("done", "remaining")
+
+    def __init__(self, done: asyncio.Future[None], remaining: int) -> None:
+        self.done = done
+        self.remaining = remaining
+
+
+def leave_instances(
+    free: deque[BackendInstance], leaving: dict[int, Leaving], instances: Sequence[BackendInstance]
+) -> tuple[dict[int, Leaving], asyncio.Future[None]]:
+    """Take the idle ones out of ``free`` now, and mark the busy ones to be dropped when they are released."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    busy = [instance for instance in instances if instance not in free]
+    for instance in instances:
+        if instance in free:
+            free.remove(instance)
+    if not busy:
+        done.set_result(None)
+        return leaving, done
+    group = Leaving(done, len(busy))
+    return {**leaving, **{id(instance): group for instance in busy}}, done
+
+
+def instance_left(leaving: dict[int, Leaving], instance: BackendInstance) -> bool:
+    """Whether a released instance was leaving (and is now gone)."""
+    group = leaving.pop(id(instance), None)
+    if group is None:
+        return False
+    group.remaining -= 1
+    if group.remaining == 0 and not group.done.done():
+        group.done.set_result(None)
+    return True

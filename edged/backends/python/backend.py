@@ -11,6 +11,7 @@ size), ``env-cache-directory`` (where packed execution environments are unpacked
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import os
@@ -18,6 +19,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,7 +31,7 @@ from edged.backends.python.dispatch import SLOTS_PER_INSTANCE, Dispatcher, Slot
 from edged.backends.python.environment import stub_interpreter
 from edged.backends.python.instance import ModelState, PythonInstance, stub_log
 from edged.backends.python.process import StubGone, StubProcess, stub_environment
-from edged.core.devices import instance_placements
+from edged.core.devices import InstancePlacement, instance_placements
 from edged.core.model_config import model_config_from_json, model_config_to_json
 from edged.errors import EdgedError, ErrorCode
 
@@ -175,25 +177,11 @@ class PythonBackend:
             backend=self,
             host=host(),
         )
-        # Triton's names, kinds and device ids (an NPU's id for KIND_MODEL when a device plug-in reports NPUs).
-        instances = [
-            PythonInstance(state, placement.name, placement.kind, placement.device_id)
-            for placement in instance_placements(config, context.devices)
-        ]
-        # Every stub starts at once; each then initializes while the others do.
-        try:
-            for instance in instances:
-                instance.spawn()
-            for instance in instances:
-                instance.wait_initialized()
-        except EdgedError:
-            for instance in instances:
-                instance.discard()
-            raise
+        instances = _start_instances(state, instance_placements(config, context.devices))
         # Behind the dynamic batcher a stub takes one batch at a time, so that requests wait in the batcher's queue
         # and join a batch there, as in Triton; alone, requests are pipelined to the stubs (see dispatch).
         batched = config.WhichOneof("scheduling_choice") == "dynamic_batching"
-        model = PythonModel(instances, 1 if batched else SLOTS_PER_INSTANCE)
+        model = PythonModel(instances, 1 if batched else SLOTS_PER_INSTANCE, state)
         if state.host is not None:
             state.host.loop.call_soon_threadsafe(model.attach)
         return model
@@ -290,14 +278,84 @@ def _paths(context: LoadContext) -> dict[str, Any]:
     }
 
 
+def _start_instances(state: ModelState, placements: Sequence[InstancePlacement]) -> list[PythonInstance]:
+    """A stub for each placement (Triton's names, kinds and device ids; an NPU's id for KIND_MODEL when a device
+    plug-in reports NPUs). Every stub starts at once; each then initializes while the others do."""
+    instances = []
+    for placement in placements:
+        instance = PythonInstance(state, placement.name, placement.kind, placement.device_id)
+        instance.placement = placement
+        instances.append(instance)
+    try:
+        for instance in instances:
+            instance.spawn()
+        for instance in instances:
+            instance.wait_initialized()
+    except EdgedError:
+        for instance in instances:
+            instance.discard()
+        raise
+    return instances
+
+
 class PythonModel:
     """A loaded version: its stub instances, and the slots through which the scheduler reaches them (dispatch)."""
 
-    def __init__(self, instances: list[PythonInstance], slots_per_instance: int) -> None:
+    def __init__(self, instances: list[PythonInstance], slots_per_instance: int, state: ModelState) -> None:
         self._instances = instances
+        self._state = state
+        self._slots_per_instance = slots_per_instance
         self._dispatcher = Dispatcher(instances)
         count = len(instances)
         self._slots = [Slot(self._dispatcher, instances[i % count].name) for i in range(count * slots_per_instance)]
+        self._leaving: list[PythonInstance] = []
+
+    def resize(self, config: ModelConfig, context: LoadContext) -> tuple[list[Slot], list[Slot]]:
+        """Start a stub for each instance the config's groups add, and stop sending to those they drop: returns the
+        scheduler's slots (added, removed). Blocking; the dropped stubs stop in ``finish_resize``."""
+        unused = list(self._instances)
+        kept: list[PythonInstance] = []
+        wanted: list[InstancePlacement] = []
+        for placement in instance_placements(config, context.devices):
+            same = next((i for i in unused if i.placement == placement), None)
+            if same is None:
+                wanted.append(placement)
+            else:
+                unused.remove(same)
+                kept.append(same)
+        # New stubs initialize with the new config, as a reload would give them.
+        self._state.config = config
+        self._state.args = {**self._state.args, "model_config": model_config_to_json(config).decode()}
+        added = _start_instances(self._state, wanted)
+        host = self._state.host
+        if host is not None:
+            asyncio.run_coroutine_threadsafe(self._switch(added, unused), host.loop).result()
+        self._instances = kept + added
+        self._leaving = unused
+        per = self._slots_per_instance
+        new_slots = (
+            [Slot(self._dispatcher, added[i % len(added)].name) for i in range(len(added) * per)] if added else []
+        )
+        dropped = self._slots[len(self._slots) - len(unused) * per :] if unused else []
+        self._slots = [slot for slot in self._slots if slot not in dropped] + new_slots
+        return new_slots, dropped
+
+    async def _switch(self, added: list[PythonInstance], removed: list[PythonInstance]) -> None:
+        for instance in added:
+            instance.attach()
+        self._dispatcher.remove(removed)
+        self._dispatcher.add(added)
+
+    def finish_resize(self) -> None:
+        """Stop the stubs ``resize`` dropped, once what they have in flight is answered. Blocking."""
+        leaving, self._leaving = self._leaving, []
+        deadline = time.monotonic() + self._state.settings_timeout_s
+        while any(instance.in_flight for instance in leaving) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for instance in leaving:
+            instance.begin_stop()
+        for instance in leaving:
+            instance.end_stop()
 
     @property
     def instances(self) -> Sequence[Slot]:

@@ -50,6 +50,19 @@ class Dispatcher:
             instance.on_free = self._on_free
             instance.on_requeue = self._requeue
 
+    def add(self, instances: Sequence[PythonInstance]) -> None:
+        """More stubs to send to (on the event loop)."""
+        for instance in instances:
+            instance.on_free = self._on_free
+            instance.on_requeue = self._requeue
+            self._instances.append(instance)
+        if instances:
+            self._on_free(instances[0], None)  # requests waiting for a stub may go to the new ones
+
+    def remove(self, instances: Sequence[PythonInstance]) -> None:
+        """Send nothing more to these stubs (on the event loop); what they have in flight still completes."""
+        self._instances = [instance for instance in self._instances if instance not in instances]
+
     def dispatch(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> asyncio.Future[Results]:
         best: PythonInstance | None = None
         best_load = 0

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from edged.backends.base import ServerApi
     from edged.backends.python.backend import PythonBackend
+    from edged.core.devices import InstancePlacement
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -92,6 +93,8 @@ class _Batch:
 
 class PythonInstance:
     def __init__(self, state: ModelState, name: str, kind: str, device_id: int) -> None:
+        # Where the instance runs, as instance_placements gave it (set by the backend; resizing matches on it).
+        self.placement: InstancePlacement | None = None
         self._state = state
         self._name = name
         self._kind = kind
