@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "edged.backends.onnxruntime:OnnxRuntimeBackend",
     "python": "edged.backends.python.backend:PythonBackend",
+    # Not a backend in Triton's sense (its models are other models), but loaded the same way.
+    "ensemble": "edged.backends.ensemble:EnsembleBackend",
 }
 _loaded: dict[str, Backend] = {}
 _settings: dict[str, dict[str, str]] = {}

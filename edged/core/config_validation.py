@@ -78,6 +78,8 @@ def validate_instance_groups(config: ModelConfig, gpus: Collection[int]) -> None
     """Triton's checks of normalised instance groups against the GPUs there are (``gpus``, their ids), with
     Triton's messages: every group must run on devices this machine has."""
     name = config.name
+    if config.platform == "ensemble":
+        return  # an ensemble runs no instances of its own
     if not config.instance_group:
         raise _error(f"must specify one or more 'instance group's for {name}")
     for group in config.instance_group:

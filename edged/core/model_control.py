@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -120,15 +121,18 @@ class ModelController:
             names = sorted(wanted)
         else:
             names = sorted(scan.models)
-        results = await asyncio.gather(
-            *(self._load(name, Origin.STARTUP, private=self._private_current(name)) for name in names),
-            return_exceptions=True,
-        )
-        for name, result in zip(names, results, strict=True):
-            if isinstance(result, EdgedError):
-                log.debug("model '%s' did not load at start: %s", name, result.message)
-            elif isinstance(result, BaseException):
-                raise result
+        # Ensembles load after the models they are made of, which they check at load.
+        ensembles = [name for name in names if name in scan.models and _is_ensemble(scan.models[name].path)]
+        for group in ([name for name in names if name not in ensembles], ensembles):
+            results = await asyncio.gather(
+                *(self._load(name, Origin.STARTUP, private=self._private_current(name)) for name in group),
+                return_exceptions=True,
+            )
+            for name, result in zip(group, results, strict=True):
+                if isinstance(result, EdgedError):
+                    log.debug("model '%s' did not load at start: %s", name, result.message)
+                elif isinstance(result, BaseException):
+                    raise result
         if self._options.mode is ControlMode.POLL:
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
 
@@ -251,6 +255,34 @@ class ModelController:
     async def _load(self, name: str, origin: Origin, *, private: Path | None = None) -> None:
         async with self._lock(name):
             await self._load_locked(name, origin, private)
+        await self._retry_ensembles(name, origin)
+
+    async def _retry_ensembles(self, loaded: str, origin: Origin) -> None:
+        """An ensemble that could not load for want of a model may load now that ``loaded`` did."""
+        entry = self._manager.entry(loaded)
+        if (
+            entry is None
+            or entry.state is not ModelState.READY
+            or (entry.config and entry.config.platform == "ensemble")
+        ):
+            return
+        for name in self._manager.names():
+            other = self._manager.entry(name)
+            if (
+                other is not None
+                and other.wanted
+                and other.state is not ModelState.READY
+                and other.source.path.is_dir()
+                and _is_ensemble(other.source.path)
+            ):
+                try:
+                    await self._load(
+                        name,
+                        origin,
+                        private=None if other.source.path.parent != self._private_base(name) else other.source.path,
+                    )
+                except EdgedError as exc:
+                    log.debug("ensemble '%s' still does not load: %s", name, exc.message)
 
     async def _load_locked(self, name: str, origin: Origin, private: Path | None) -> None:
         loop = asyncio.get_running_loop()
@@ -516,6 +548,9 @@ class ModelController:
         )
         return destination
 
+    def _private_base(self, name: str) -> Path | None:
+        return self._options.state_dir / PRIVATE_MODELS / name if self._options.state_dir is not None else None
+
     def _private_current(self, name: str) -> Path | None:
         """The private copy a model was last loaded from, when it was (explicit mode, restored at start)."""
         if self._options.state_dir is None or self._options.mode is not ControlMode.EXPLICIT:
@@ -597,6 +632,15 @@ class ModelController:
 
     async def _db(self, call: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db_pool, call)
+
+
+def _is_ensemble(model_dir: Path) -> bool:
+    """Whether a model folder's config names the ensemble platform (read without parsing the whole config)."""
+    try:
+        text = (model_dir / "config.pbtxt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return re.search(r'(?m)^\s*platform\s*:\s*"ensemble"', text) is not None
 
 
 def _without_counts(config: ModelConfig) -> bytes:

@@ -259,11 +259,7 @@ class ModelRepositoryManager:
                 f"unable to find a backend for model '{source.name}': set 'backend' or 'platform' in "
                 "config.pbtxt, or add a version folder holding a model file",
             )
-        if config.platform == "ensemble":
-            raise EdgedError(
-                ErrorCode.UNSUPPORTED, f"model '{source.name}' is an ensemble, which edged does not run yet"
-            )
-        backend = get_backend(config.backend)
+        backend = get_backend(backend_name(config))
         if self._options.auto_complete:
             backend.auto_complete_config(
                 config, self.context(source, config, versions[-1]), self._options.default_max_batch_size
@@ -288,7 +284,7 @@ class ModelRepositoryManager:
         try:
             version.labels = {o.name: read_labels(source, o.label_filename) for o in config.output if o.label_filename}
             version.signature = ModelSignature.from_config(config)
-            version.backend_model = get_backend(config.backend).load(config, self.context(source, config, number))
+            version.backend_model = get_backend(backend_name(config)).load(config, self.context(source, config, number))
         except EdgedError as exc:
             version.state, version.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load '%s' version %d: %s", source.name, number, exc.message)
@@ -406,6 +402,11 @@ class ModelRepositoryManager:
             version.reason = "unloaded"
 
 
+def backend_name(config: ModelConfig) -> str:
+    """The backend that loads a config: an ensemble's steps are run by edged's ensemble runner."""
+    return "ensemble" if config.platform == "ensemble" else config.backend
+
+
 def check_repositories(repositories: list[Path], *, auto_complete: bool) -> list[str]:
     """Every problem that would keep a model or version from loading, one line each, without serving."""
     problems: list[str] = []
@@ -427,6 +428,8 @@ def check_repositories(repositories: list[Path], *, auto_complete: bool) -> list
             except EdgedError as exc:
                 problems.append(f"{name}: {exc.message}")
                 continue
+            if config.platform == "ensemble":
+                continue  # its steps are checked against the models it is made of, which only a daemon has
             for number in versions:
                 version = manager.load_version(source, config, number)
                 if version.state is not ModelState.READY:

@@ -1,0 +1,327 @@
+"""Ensembles: ``platform: "ensemble"`` pipelines whose steps are other models of the server.
+
+At load, the steps are checked against the composing models' configs as Triton checks them (every input mapped
+once, outputs that exist, one producer per ensemble tensor, consistent data types and shapes, every ensemble output
+produced, no step waiting for a tensor nothing produces); a composing model that is not loaded makes the ensemble
+UNAVAILABLE with the reason. The ensemble is ready while every composing model is.
+
+A request runs as a graph: a step starts as soon as every ensemble tensor it reads exists, so independent steps run
+at once. Each step is an ordinary request to its model through the server (its scheduler, batching and statistics
+included). A failing step fails the request with an error that names the step; the steps still running are
+cancelled. Cancelling the request cancels the steps in flight.
+
+Decoupled composing models are not supported yet: an ensemble with one is UNAVAILABLE with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edged.backends import host
+from edged.core.inference import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
+from edged.errors import EdgedError, ErrorCode
+from edged.proto.model_config_pb2 import DataType
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edged.backends.base import LoadContext, ServerApi
+    from edged.core.stats import ExecutionTiming
+    from edged.proto.model_config_pb2 import ModelConfig, ModelEnsembling
+
+# Requests an ensemble runs at once when its config does not bound them (max_inflight_requests).
+DEFAULT_IN_FLIGHT = 256
+WILDCARD = -1
+
+
+@dataclass(frozen=True, slots=True)
+class _Tensor:
+    """What an ensemble tensor is, and which model it was inferred from (for the consistency checks)."""
+
+    data_type: int
+    dims: tuple[int, ...]
+    full_dims: tuple[int, ...]
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    index: int
+    model: str
+    version: int
+    # step model's input name -> ensemble tensor, ensemble tensor <- step model's output name
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+
+
+class EnsembleBackend:
+    def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
+        """An ensemble's config is complete as written: there is no model file to read it from."""
+
+    def load(self, config: ModelConfig, context: LoadContext) -> EnsembleModel:
+        server = host()
+        if server is None:
+            raise EdgedError(ErrorCode.UNAVAILABLE, "ensembles run only inside the daemon")
+        steps = check_ensemble(config, server)
+        return EnsembleModel(config, steps, server)
+
+
+def _dims(dims: Sequence[int], batching: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    shape = tuple(int(d) for d in dims)
+    return shape, ((WILDCARD, *shape) if batching else shape)
+
+
+def _same_dims(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or WILDCARD in (x, y) for x, y in zip(a, b, strict=True))
+
+
+def _shape_text(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _consistent(name: str, ensemble: str, known: _Tensor, new: _Tensor) -> None:
+    prefix = f"in ensemble {ensemble}, ensemble tensor {name}: "
+    if known.data_type != new.data_type:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"{prefix}inconsistent data type: {DataType.Name(known.data_type)} is inferred from model {known.model} "
+            f"while {DataType.Name(new.data_type)} is inferred from model {new.model}",
+        )
+    if not _same_dims(known.dims, new.dims) and not _same_dims(known.full_dims, new.full_dims):
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"{prefix}inconsistent shape: {_shape_text(known.full_dims)} is inferred from model {known.model} while "
+            f"{_shape_text(new.full_dims)} is inferred from model {new.model}",
+        )
+
+
+def check_ensemble(config: ModelConfig, server: ServerApi) -> list[_Step]:
+    """Triton's checks of an ensemble against its composing models; the steps, ready to run."""
+    name = config.name
+    scheduling: ModelEnsembling = config.ensemble_scheduling
+    if not scheduling.step:
+        raise EdgedError(ErrorCode.INVALID_ARG, f"must specify one or more 'step's for ensemble {name}")
+    batching = config.max_batch_size > 0
+    tensors: dict[str, _Tensor] = {}
+    for tensor in config.input:
+        dims, full = _dims(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims, batching)
+        tensors[tensor.name] = _Tensor(tensor.data_type, dims, full, name)
+    produced: set[str] = set(tensors)
+    outputs: dict[str, _Tensor] = {}
+    for tensor in config.output:
+        dims, full = _dims(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims, batching)
+        outputs[tensor.name] = _Tensor(tensor.data_type, dims, full, name)
+    steps: list[_Step] = []
+    producers: dict[str, int] = {}
+    for index, step in enumerate(scheduling.step):
+        if not step.model_name:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"must specify 'model_name' in step {index} of ensemble {name}")
+        if not step.input_map:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"must specify 'input_map' in step {index} of ensemble {name}")
+        if not step.output_map:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"must specify 'output_map' in step {index} of ensemble {name}")
+        model = step.model_name
+        try:
+            member = server.model_config(model, int(step.model_version))
+        except EdgedError as exc:
+            raise EdgedError(
+                ErrorCode.UNAVAILABLE,
+                f"ensemble {name} depends on model {model}, which is not available: {exc.message}",
+            ) from None
+        if member.model_transaction_policy.decoupled:
+            raise EdgedError(
+                ErrorCode.UNSUPPORTED,
+                f"ensemble {name} has a step of the decoupled model {model}, which edged's ensembles do not run yet",
+            )
+        if member.max_batch_size != 0 and member.max_batch_size < config.max_batch_size:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model {model} "
+                f"which only allows maximum batch size to be {member.max_batch_size}",
+            )
+        member_batching = member.max_batch_size > 0
+        inputs = {i.name: i for i in member.input}
+        for key, value in step.input_map.items():
+            if key not in inputs:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"in ensemble {name}, ensemble tensor {value} is mapping to non-existing input {key} in model "
+                    f"{model}",
+                )
+        for input_name, tensor in inputs.items():
+            if input_name not in step.input_map:
+                if tensor.optional:
+                    continue
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"in ensemble {name}, input {input_name} in model {model} is not mapped to any ensemble tensors",
+                )
+            ensemble_tensor = step.input_map[input_name]
+            dims, full = _dims(tensor.dims, member_batching)
+            found = _Tensor(tensor.data_type, dims, full, model)
+            if ensemble_tensor in tensors:
+                _consistent(ensemble_tensor, name, tensors[ensemble_tensor], found)
+            else:
+                tensors[ensemble_tensor] = found
+        member_outputs = {o.name: o for o in member.output}
+        for key, value in step.output_map.items():
+            if key not in member_outputs:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"in ensemble {name}, ensemble tensor {value} is mapped from non-existing output {key} in model "
+                    f"{model}",
+                )
+            if value in producers or value in {t.name for t in config.input}:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"ensemble tensor {value} can appear in an output map only once for ensemble {name} step {index}",
+                )
+            producers[value] = index
+            tensor = member_outputs[key]
+            dims, full = _dims(tensor.dims, member_batching)
+            found = _Tensor(tensor.data_type, dims, full, model)
+            if value in tensors:
+                _consistent(value, name, tensors[value], found)
+            else:
+                tensors[value] = found
+            if value in outputs:
+                _consistent(value, name, outputs[value], found)
+        steps.append(_Step(index, model, int(step.model_version), dict(step.input_map), dict(step.output_map)))
+    # Data flow: every step must be reachable from the ensemble's inputs, and every output produced.
+    remaining = list(steps)
+    while remaining:
+        runnable = [s for s in remaining if all(t in produced for t in s.inputs.values())]
+        if not runnable:
+            waiting = remaining[0]
+            missing = sorted(t for t in waiting.inputs.values() if t not in produced)
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"in ensemble {name}, step {waiting.index} (model {waiting.model}) reads ensemble tensor "
+                f"{missing[0]}, which no step before it produces (a missing producer or a cycle)",
+            )
+        for step in runnable:
+            remaining.remove(step)
+            produced.update(step.outputs.values())
+    for output in config.output:
+        if output.name not in producers:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG, f"ensemble output {output.name} is not produced by any step of ensemble {name}"
+            )
+    return steps
+
+
+class EnsembleModel:
+    def __init__(self, config: ModelConfig, steps: list[_Step], server: ServerApi) -> None:
+        self._steps = steps
+        self._server = server
+        count = config.ensemble_scheduling.max_inflight_requests or DEFAULT_IN_FLIGHT
+        runner = _Runner(config, steps, server)
+        self._instances = [runner] * count
+
+    @property
+    def instances(self) -> Sequence[_Runner]:
+        return self._instances
+
+    def is_ready(self) -> bool:
+        """Ready while every composing model is (unloading one makes the ensemble unavailable)."""
+        return all(self._server.model_ready(step.model, step.version) for step in self._steps)
+
+    def unload(self) -> None:
+        self._instances = []
+
+
+class _Runner:
+    """Runs requests through the steps; stateless, so one object serves every slot the scheduler sees."""
+
+    def __init__(self, config: ModelConfig, steps: list[_Step], server: ServerApi) -> None:
+        self.name = f"{config.name}_0"
+        self._config = config
+        self._steps = steps
+        self._server = server
+        self._outputs = [o.name for o in config.output]
+
+    def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[Any]:
+        raise EdgedError(ErrorCode.INTERNAL, "an ensemble runs on the event loop only")
+
+    def execute_async(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> asyncio.Future[list[Any]]:
+        return asyncio.ensure_future(self._execute(requests, timing))
+
+    async def _execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[Any]:
+        started = time.perf_counter_ns()
+        results = await asyncio.gather(*(self._run(request) for request in requests), return_exceptions=True)
+        timing.infer_ns = time.perf_counter_ns() - started
+        out: list[Any] = []
+        for result in results:
+            if isinstance(result, EdgedError | InferResponse):
+                out.append(result)
+            elif isinstance(result, BaseException):
+                out.append(EdgedError(ErrorCode.INTERNAL, f"ensemble '{self._config.name}' failed: {result!r}"))
+        return out
+
+    async def _run(self, request: InferRequest) -> InferResponse | EdgedError:
+        tensors: dict[str, InferInput] = {t.name: t for t in request.inputs}
+        remaining = list(self._steps)
+        running: dict[asyncio.Task[dict[str, InferInput]], _Step] = {}
+
+        def cancel_steps() -> None:
+            for task in running:
+                task.cancel()
+
+        request.on_cancel(cancel_steps)
+        try:
+            while remaining or running:
+                for step in [s for s in remaining if all(t in tensors for t in s.inputs.values())]:
+                    remaining.remove(step)
+                    running[asyncio.ensure_future(self._step(step, request, tensors))] = step
+                if not running:
+                    raise EdgedError(
+                        ErrorCode.INTERNAL, f"ensemble '{self._config.name}' cannot go on: a step lacks inputs"
+                    )
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    if task.cancelled():
+                        raise EdgedError(ErrorCode.CANCELLED, "the request was cancelled")
+                    exc = task.exception()
+                    if exc is not None:
+                        message = exc.message if isinstance(exc, EdgedError) else repr(exc)
+                        code = exc.code if isinstance(exc, EdgedError) else ErrorCode.INTERNAL
+                        raise EdgedError(
+                            code,
+                            f"in ensemble '{self._config.name}', step {step.index} (model '{step.model}') failed: "
+                            f"{message}",
+                        )
+                    tensors.update(task.result())
+        except EdgedError as error:
+            cancel_steps()
+            return error
+        outputs = [_output(name, tensors[name]) for name in self._outputs if name in tensors]
+        return InferResponse(request.model_name, str(request.model_version), request.id, outputs)
+
+    async def _step(self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]) -> dict[str, InferInput]:
+        inputs = []
+        for model_input, ensemble_tensor in step.inputs.items():
+            source = tensors[ensemble_tensor]
+            inputs.append(InferInput(model_input, source.datatype, source.shape, source.data))
+        sub = InferRequest(
+            model_name=step.model,
+            model_version=step.version,
+            id=request.id,
+            inputs=inputs,
+            outputs=[RequestedOutput(name) for name in step.outputs],
+        )
+        response = await self._server.infer(sub)
+        produced: dict[str, InferInput] = {}
+        for output in response.outputs:
+            target = step.outputs.get(output.name)
+            if target is not None:
+                produced[target] = InferInput(target, output.datatype, output.shape, output.data)
+        return produced
+
+
+def _output(name: str, tensor: InferInput) -> InferOutput:
+    assert tensor.data is not None
+    return InferOutput(name, tensor.datatype, tensor.shape, tensor.data)

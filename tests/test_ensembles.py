@@ -1,0 +1,301 @@
+"""Ensembles through the real daemon and clients: a text pipeline of a tokenizer-like Python step, an ONNX model and a
+Python post-processing step; a graph with two branches that run at once; errors that name the failing step;
+ensembles Triton refuses at load; readiness that follows the composing models."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import modelgen
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from server import Server, run_server
+from tritonclient.utils import InferenceServerException
+
+TOKENIZE: Final = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            # One row of 16 numbers per text: its characters' codes, padded with zeros.
+            rows = np.zeros((len(texts), 16), dtype=np.float32)
+            for i, text in enumerate(texts.reshape(-1)):
+                codes = [float(c) for c in text[:16]]
+                rows[i, : len(codes)] = codes
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("TOKENS", rows)]))
+        return responses
+"""
+DESCRIBE: Final = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            sums = pb_utils.get_input_tensor_by_name(request, "SUM").as_numpy()
+            if (sums < 0).any():
+                raise ValueError("negative sums cannot be described")
+            labels = np.array([[f"total {int(row.sum())}".encode()] for row in sums], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("LABEL", labels)]))
+        return responses
+"""
+SLEEP: Final = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            started = time.monotonic()
+            time.sleep(0.5)
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            span = np.array([[started, time.monotonic()]], dtype=np.float64)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x), pb_utils.Tensor("SPAN", span)]))
+        return responses
+"""
+
+
+def _python_model(repo: Path, name: str, source: str, config: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(source, encoding="utf-8")
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(config), encoding="utf-8"
+    )
+
+
+def _ensemble(repo: Path, name: str, config: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\n' + textwrap.dedent(config), encoding="utf-8"
+    )
+
+
+PIPELINE: Final = """
+max_batch_size: 8
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] }, { name: "DOUBLE" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "tokenize" model_version: -1 input_map { key: "TEXT" value: "TEXT" }
+    output_map { key: "TOKENS" value: "tokens" } },
+  { model_name: "add_sub" model_version: -1 input_map [ { key: "INPUT0" value: "tokens" },
+      { key: "INPUT1" value: "tokens" } ]
+    output_map [ { key: "OUTPUT0" value: "DOUBLE" } ] },
+  { model_name: "describe" model_version: -1 input_map { key: "SUM" value: "DOUBLE" }
+    output_map { key: "LABEL" value: "LABEL" } }
+] }
+"""
+BRANCHES: Final = """
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "SPAN_A" data_type: TYPE_FP64 dims: [ 2 ] },
+         { name: "SPAN_B" data_type: TYPE_FP64 dims: [ 2 ] } ]
+ensemble_scheduling { step [
+  { model_name: "sleep_a" model_version: -1 input_map { key: "X" value: "X" }
+    output_map [ { key: "Y" value: "a" }, { key: "SPAN" value: "SPAN_A" } ] },
+  { model_name: "sleep_b" model_version: -1 input_map { key: "X" value: "X" }
+    output_map [ { key: "Y" value: "b" }, { key: "SPAN" value: "SPAN_B" } ] },
+  { model_name: "add_sub" model_version: -1 input_map [ { key: "INPUT0" value: "a" }, { key: "INPUT1" value: "b" } ]
+    output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
+LABELLER: Final = """
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add_sub" model_version: -1 input_map [ { key: "INPUT0" value: "X" }, { key: "INPUT1" value: "X" } ]
+    output_map { key: "OUTPUT0" value: "sum" } },
+  { model_name: "describe" model_version: -1 input_map { key: "SUM" value: "sum" }
+    output_map { key: "LABEL" value: "LABEL" } }
+] }
+"""
+SLEEP_CONFIG: Final = """
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "SPAN" data_type: TYPE_FP64 dims: [ 2 ] } ]
+"""
+SIMPLE_STEP: Final = """
+  { model_name: "add_sub" model_version: -1 input_map [ { key: "INPUT0" value: "X" }, { key: "INPUT1" value: "X" } ]
+    output_map { key: "OUTPUT0" value: "OUT" } }
+"""
+IO: Final = """
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] } ]
+"""
+# Ensembles Triton refuses, each with a part of the reason it gives.
+BROKEN: Final[dict[str, tuple[str, str]]] = {
+    "unknown_member": (
+        IO + 'ensemble_scheduling { step [ { model_name: "nowhere" model_version: -1 '
+        'input_map { key: "A" value: "X" } output_map { key: "B" value: "OUT" } } ] }',
+        "ensemble unknown_member depends on model nowhere, which is not available",
+    ),
+    "wrong_input": (
+        IO + 'ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1 '
+        'input_map [ { key: "INPUT0" value: "X" }, { key: "INPUT1" value: "X" }, { key: "INPUT9" value: "X" } ] '
+        'output_map { key: "OUTPUT0" value: "OUT" } } ] }',
+        "in ensemble wrong_input, ensemble tensor X is mapping to non-existing input INPUT9 in model add_sub",
+    ),
+    "unmapped_input": (
+        IO + 'ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1 '
+        'input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "OUT" } } ] }',
+        "in ensemble unmapped_input, input INPUT1 in model add_sub is not mapped to any ensemble tensors",
+    ),
+    "wrong_type": (
+        IO.replace('name: "X" data_type: TYPE_FP32', 'name: "X" data_type: TYPE_INT32')
+        + f"ensemble_scheduling {{ step [ {SIMPLE_STEP} ] }}",
+        "in ensemble wrong_type, ensemble tensor X: inconsistent data type: TYPE_INT32 is inferred from model "
+        "wrong_type while TYPE_FP32 is inferred from model add_sub",
+    ),
+    "no_producer": (
+        IO + 'output [ { name: "EXTRA" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {SIMPLE_STEP} ] }}",
+        "ensemble output EXTRA is not produced by any step of ensemble no_producer",
+    ),
+    "cycle": (
+        IO + "ensemble_scheduling { step [ "
+        '{ model_name: "add_sub" model_version: -1 input_map [ { key: "INPUT0" value: "X" }, '
+        '{ key: "INPUT1" value: "loop" } ] output_map [ { key: "OUTPUT0" value: "OUT" }, '
+        '{ key: "OUTPUT1" value: "loop" } ] } ] }',
+        "reads ensemble tensor loop, which no step before it produces",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ensemble_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("ensembles")
+    modelgen.write_add_sub(repo / "add_sub", max_batch_size=8)
+    _python_model(
+        repo,
+        "tokenize",
+        TOKENIZE,
+        """
+        max_batch_size: 8
+        input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+        output [ { name: "TOKENS" data_type: TYPE_FP32 dims: [ 16 ] } ]
+        """,
+    )
+    _python_model(
+        repo,
+        "describe",
+        DESCRIBE,
+        """
+        max_batch_size: 8
+        input [ { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]
+        output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] } ]
+        """,
+    )
+    _python_model(repo, "sleep_a", SLEEP, SLEEP_CONFIG)
+    _python_model(repo, "sleep_b", SLEEP, SLEEP_CONFIG)
+    _ensemble(repo, "pipeline", PIPELINE)
+    _ensemble(repo, "branches", BRANCHES)
+    _ensemble(repo, "labeller", LABELLER)
+    for name, (config, _) in BROKEN.items():
+        _ensemble(repo, name, config)
+    with run_server([repo], "--model-control-mode=explicit", "--load-model=*") as server:
+        yield server
+
+
+def _text(value: bytes) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.object_))
+    return [tensor]
+
+
+def test_a_pipeline_of_python_and_onnx_steps(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_stats"]["success"]["count"]
+    result = client.infer("pipeline", _text(b"ab"))
+    # "ab" -> [97, 98, 0...] -> doubled -> 390
+    assert result.as_numpy("LABEL")[0, 0] == b"total 390"
+    np.testing.assert_array_equal(result.as_numpy("DOUBLE")[0, :3], [194.0, 196.0, 0.0])
+    # Each step is a request to its model, counted in its statistics.
+    after = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_stats"]["success"]["count"]
+    assert after == before + 1
+    assert client.get_model_metadata("pipeline")["platform"] == "ensemble"
+    # Over gRPC too.
+    grpc = grpcclient.InferenceServerClient(ensemble_server.grpc_url)
+    tensor = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[b"a"]], dtype=np.object_))
+    assert grpc.infer("pipeline", [tensor]).as_numpy("LABEL")[0, 0] == b"total 194"
+
+
+def test_independent_steps_run_at_once(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    tensor = httpclient.InferInput("X", [1, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("branches", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x + x)
+    (start_a, end_a), (start_b, end_b) = result.as_numpy("SPAN_A")[0], result.as_numpy("SPAN_B")[0]
+    # Each branch began before the other ended.
+    assert start_a < end_b and start_b < end_a
+
+
+def test_a_failing_step_is_named(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    tensor = httpclient.InferInput("X", [1, 16], "FP32")
+    tensor.set_data_from_numpy(-np.ones((1, 16), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("labeller", [tensor])
+    message = info.value.message()
+    assert message.startswith("in ensemble 'labeller', step 1 (model 'describe') failed: ")
+    assert "negative sums cannot be described" in message
+    # The daemon and the ensemble go on.
+    tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+    assert client.infer("labeller", [tensor]).as_numpy("LABEL")[0, 0] == b"total 32"
+
+
+def test_broken_ensembles_are_unavailable_with_the_reason(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    index = {(e["name"], e.get("version", "")): e for e in client.get_model_repository_index()}
+    for name, (_, reason) in BROKEN.items():
+        entry = index.get((name, "1")) or index[(name, "")]
+        assert entry["state"] == "UNAVAILABLE", name
+        assert reason in entry["reason"], (name, entry["reason"])
+    assert client.is_server_live()
+    assert client.is_model_ready("pipeline")
+
+
+def test_readiness_follows_the_composing_models(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    client.unload_model("describe")
+    try:
+        assert not client.is_model_ready("pipeline")
+        with pytest.raises(InferenceServerException):
+            client.infer("pipeline", _text(b"a"))
+    finally:
+        client.load_model("describe")
+    assert client.is_model_ready("pipeline")
+    assert client.infer("pipeline", _text(b"a")).as_numpy("LABEL")[0, 0] == b"total 194"
+
+
+def test_an_ensemble_loads_once_its_models_do(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    modelgen.write_add_sub(repo / "add_sub", max_batch_size=8)
+    _ensemble(repo, "doubler", IO + f"ensemble_scheduling {{ step [ {SIMPLE_STEP} ] }}")
+    with run_server([repo], "--model-control-mode=explicit", "--load-model=doubler") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert not client.is_model_ready("doubler")
+        client.load_model("add_sub")
+        assert client.is_model_ready("doubler")
+        shutil.rmtree(repo / "doubler")
