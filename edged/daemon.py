@@ -45,14 +45,23 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # grpc's Python layer logs each event-loop hand-over at DEBUG: noise below level 2.
-    logging.getLogger("grpc").setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+def _configure_logging(settings: Settings) -> None:
+    # Imported here so that this function is the daemon's whole contact with edged.logs.
+    from edged import logs
+
+    try:
+        logs.configure(
+            settings.log_verbose,
+            # Read with defaults: the command line offers these once it has the flags.
+            log_file=getattr(settings, "log_file", "") or "",
+            log_format=getattr(settings, "log_format", "default"),
+            log_info=getattr(settings, "log_info", True),
+            log_warning=getattr(settings, "log_warning", True),
+            log_error=getattr(settings, "log_error", True),
+        )
+    except logs.LogFileError as exc:
+        print(f"edged: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
@@ -218,7 +227,7 @@ async def serve(settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
-    _configure_logging(settings.log_verbose)
+    _configure_logging(settings)
     try:
         import uvloop
     except ImportError:  # uvloop is optional: plain asyncio works, only slower

@@ -271,12 +271,10 @@ def test_statistics_errors(grpc_client: grpcclient.InferenceServerClient) -> Non
     )
 
 
-def test_trace_and_log_settings_are_unimplemented(grpc_client: grpcclient.InferenceServerClient) -> None:
+def test_trace_settings_are_unimplemented(grpc_client: grpcclient.InferenceServerClient) -> None:
     for call in (
         grpc_client.get_trace_settings,
         lambda: grpc_client.update_trace_settings(settings={"trace_rate": "1"}),
-        grpc_client.get_log_settings,
-        lambda: grpc_client.update_log_settings({"log_verbose_level": 1}),
     ):
         error = _error(call)
         assert error.status() == str(grpc.StatusCode.UNIMPLEMENTED)

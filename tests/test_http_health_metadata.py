@@ -454,8 +454,6 @@ def test_disabled_auto_complete_rejects_a_model_without_config(small_repository:
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("GET", "/v2/logging"),
-        ("POST", "/v2/logging"),
         ("GET", "/v2/trace/setting"),
         ("POST", "/v2/models/add_sub/trace/setting"),
     ],

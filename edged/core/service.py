@@ -47,6 +47,7 @@ EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",
 )
 
 

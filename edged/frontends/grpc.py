@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 
-from edged.errors import EdgedError, ErrorCode, unsupported
+from edged import logs
+from edged.errors import EdgedError, ErrorCode, invalid_arg, unsupported
 from edged.frontends.grpc_codec import (
     ENABLE_EMPTY_FINAL_RESPONSE,
     FINAL_RESPONSE,
@@ -92,6 +93,38 @@ def _unary(handler: _Handler) -> _Handler:
         await context.abort(status_for(error), error.message)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _update_log_settings(settings: Any) -> None:
+    """Triton's order, errors and codes: log_file, whatever its value, refuses the whole request; then each setting
+    in turn is checked and applied, so one that fails leaves those before it applied. Other keys are ignored."""
+    if "log_file" in settings:
+        # A remote client must never choose a path the daemon writes to.
+        raise unsupported("log file location can not be updated through network protocol")
+    changed: dict[str, Any] = {}
+    try:
+        for key in logs.TOGGLES:
+            if key in settings:
+                if settings[key].WhichOneof("parameter_choice") != "bool_param":
+                    raise invalid_arg(f"expect boolean for '{key}'")
+                changed[key] = settings[key].bool_param
+                logs.toggle(key, settings[key].bool_param)
+        if "log_verbose_level" in settings:
+            value = settings["log_verbose_level"]
+            if value.WhichOneof("parameter_choice") != "uint32_param":
+                raise invalid_arg("expect int32 for 'log_verbose_level'")
+            changed["log_verbose_level"] = logs.update(log_verbose_level=value.uint32_param).log_verbose_level
+        if "log_format" in settings:
+            value = settings["log_format"]
+            if value.WhichOneof("parameter_choice") != "string_param":
+                raise invalid_arg("expect string for 'log_format'")
+            log_format = logs.log_format(value.string_param)
+            if log_format is None:
+                raise invalid_arg(f"invalid argument for log_format, got: {value.string_param}")
+            changed["log_format"] = logs.update(log_format=log_format).log_format
+    finally:
+        if changed:
+            log.info("log settings changed over gRPC: %s", ", ".join(f"{k}={v}" for k, v in changed.items()))
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -225,7 +258,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     @_unary
     async def LogSettings(self, request: Any, context: Any) -> Any:
-        raise unsupported("log settings cannot be read or changed over gRPC on this server: use --log-verbose")
+        _update_log_settings(request.settings)
+        settings = logs.current()
+        reply = pb.LogSettingsResponse()
+        reply.settings["log_file"].string_param = settings.log_file
+        reply.settings["log_info"].bool_param = settings.log_info
+        reply.settings["log_warning"].bool_param = settings.log_warning
+        reply.settings["log_error"].bool_param = settings.log_error
+        reply.settings["log_verbose_level"].uint32_param = settings.log_verbose_level
+        reply.settings["log_format"].string_param = settings.log_format
+        return reply
 
     # --- inference --------------------------------------------------------------------------------------
 

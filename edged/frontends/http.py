@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, MediaType, Request, Response, get, post, route
 from litestar.exceptions import MethodNotAllowedException, NotFoundException
 
+from edged import logs
 from edged.core.inference import InferRequest
 from edged.core.model_config import model_config_to_json
 from edged.errors import EdgedError, ErrorCode
@@ -202,10 +203,61 @@ async def trace_setting(model: str = "") -> Response[bytes]:
 
 
 @route("/v2/logging", http_method=["GET", "POST"], status_code=200)
-async def logging_setting() -> Response[bytes]:
-    raise EdgedError(
-        ErrorCode.UNSUPPORTED, "log settings cannot be read or changed over HTTP on this server: use --log-verbose"
+async def logging_setting(request: Request[Any, Any, Any]) -> Response[bytes]:
+    if request.method == "POST":
+        _update_log_settings(await request.body())
+    settings = logs.current()
+    return _json(
+        {
+            "log_file": settings.log_file,
+            "log_info": settings.log_info,
+            "log_warning": settings.log_warning,
+            "log_error": settings.log_error,
+            "log_verbose_level": settings.log_verbose_level,
+            "log_format": settings.log_format,
+        }
     )
+
+
+def _update_log_settings(body: bytes) -> None:
+    """Triton's order, errors and codes: log_file refuses the whole request; then each setting in turn is checked
+    and applied, so one that fails leaves those before it applied. Other keys, null values and a body that is not
+    an object are ignored."""
+    if not body.strip():
+        raise EdgedError(ErrorCode.INTERNAL, "failed to parse the request JSON buffer: The document is empty. at 0")
+    parsed = decode_json(body)
+    if not isinstance(parsed, dict):
+        return
+    if parsed.get("log_file") is not None:
+        # A remote client must never choose a path the daemon writes to.
+        raise EdgedError(ErrorCode.UNSUPPORTED, "log file location can not be updated through network protocol")
+    changed: dict[str, Any] = {}
+    try:
+        for key in logs.TOGGLES:
+            value = parsed.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, bool):
+                raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-boolean as boolean")
+            changed[key] = value
+            logs.toggle(key, value)
+        level = parsed.get("log_verbose_level")
+        if level is not None:
+            if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level < 2**64:
+                raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer")
+            changed["log_verbose_level"] = logs.update(log_verbose_level=level).log_verbose_level
+        text = parsed.get("log_format")
+        if text is not None:
+            if not isinstance(text, str):
+                raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
+            log_format = logs.log_format(text)
+            if log_format is None:
+                # Triton's own code for this one, though it is the client's mistake.
+                raise EdgedError(ErrorCode.UNAVAILABLE, f"invalid argument for --log_format, got: {text}")
+            changed["log_format"] = logs.update(log_format=log_format).log_format
+    finally:
+        if changed:
+            log.info("log settings changed over HTTP: %s", ", ".join(f"{k}={v}" for k, v in changed.items()))
 
 
 # --- shared memory ----------------------------------------------------------------------------------------
