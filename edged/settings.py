@@ -1,10 +1,13 @@
-"""The daemon's settings, as the command line gives them."""
+"""The daemon's settings, as edged.config layers them from defaults, a file, the environment and flags."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from edged.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
@@ -40,49 +43,70 @@ class Settings:
     state_dir: Path | None = None
     default_max_batch_size: int = 4
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # On shutdown, how long in-flight requests may take to finish before the daemon exits anyway.
+    exit_timeout_secs: float = 30.0
     log_verbose: int = 0
+    # The configuration file these settings were read from, if any (edged.config.resolve).
+    config_file: Path | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
-        backend_config = parse_backend_config(args.backend_config)
+        """From a namespace that holds every option, as ``build_parser()`` parses the command line alone."""
+        return cls.from_options(vars(args), os.environ)
+
+    @classmethod
+    def from_options(
+        cls, values: Mapping[str, Any], environ: Mapping[str, str], config_file: Path | None = None
+    ) -> Settings:
+        """From every option's checked value, keyed as edged.config.OPTIONS names them (``http_port``).
+
+        Raises ValueError with one line for a value that cannot be served (no repository, or one that is gone).
+        """
+        repositories = [Path(p) for p in values["model_repository"]]
+        if not repositories:
+            raise ValueError("no model repository: give --model-repository PATH")
+        for repository in repositories:
+            if not repository.is_dir():
+                raise ValueError(f"model repository '{repository}' is not a readable directory")
+        backend_config = parse_backend_config(values["backend_config"])
         default_max_batch_size = 4
         raw = backend_config.get("", {}).get("default-max-batch-size")
         if raw is not None:
             if not raw.isdigit():
                 raise ValueError(f"--backend-config default-max-batch-size must be a non-negative integer: {raw}")
             default_max_batch_size = int(raw)
-        for repository in args.model_repository:
-            if not repository.is_dir():
-                raise ValueError(f"model repository '{repository}' is not a readable directory")
+        state_dir = values["state_dir"]
         return cls(
-            model_repositories=[p.resolve() for p in args.model_repository],
-            server_id=args.server_id,
-            http_address=args.http_address,
-            http_port=args.http_port,
-            http_max_input_size=args.http_max_input_size,
-            allow_grpc=args.allow_grpc,
-            grpc_address=args.grpc_address,
-            grpc_port=args.grpc_port,
-            grpc_max_message_size=args.grpc_max_message_size,
-            allow_client_shm=args.allow_client_shm,
-            allow_metrics=args.allow_metrics,
-            metrics_address=args.metrics_address,
-            metrics_port=args.metrics_port,
-            allow_cpu_metrics=args.allow_cpu_metrics,
-            allow_gpu_metrics=args.allow_gpu_metrics,
-            metrics_interval_ms=args.metrics_interval_ms,
-            metrics_config=parse_metrics_config(args.metrics_config),
-            exit_on_error=args.exit_on_error,
-            strict_readiness=args.strict_readiness,
-            auto_complete_config=not args.disable_auto_complete_config,
-            model_load_thread_count=args.model_load_thread_count,
-            model_control_mode=args.model_control_mode,
-            repository_poll_secs=args.repository_poll_secs,
-            load_models=tuple(args.load_model),
-            state_dir=args.state_dir.resolve() if args.state_dir is not None else default_state_dir(),
+            model_repositories=[p.resolve() for p in repositories],
+            server_id=values["id"],
+            http_address=values["http_address"],
+            http_port=values["http_port"],
+            http_max_input_size=values["http_max_input_size"],
+            allow_grpc=values["allow_grpc"],
+            grpc_address=values["grpc_address"],
+            grpc_port=values["grpc_port"],
+            grpc_max_message_size=values["grpc_max_message_size"],
+            allow_client_shm=values["allow_client_shm"],
+            allow_metrics=values["allow_metrics"],
+            metrics_address=values["metrics_address"],
+            metrics_port=values["metrics_port"],
+            allow_cpu_metrics=values["allow_cpu_metrics"],
+            allow_gpu_metrics=values["allow_gpu_metrics"],
+            metrics_interval_ms=values["metrics_interval_ms"],
+            metrics_config=parse_metrics_config(values["metrics_config"]),
+            exit_on_error=values["exit_on_error"],
+            strict_readiness=values["strict_readiness"],
+            auto_complete_config=not values["disable_auto_complete_config"],
+            model_load_thread_count=values["model_load_thread_count"],
+            model_control_mode=values["model_control_mode"],
+            repository_poll_secs=float(values["repository_poll_secs"]),
+            load_models=tuple(values["load_model"]),
+            state_dir=Path(state_dir).resolve() if state_dir is not None else default_state_dir(environ),
             default_max_batch_size=default_max_batch_size,
             backend_config=backend_config,
-            log_verbose=args.log_verbose,
+            exit_timeout_secs=float(values["exit_timeout_secs"]),
+            log_verbose=values["log_verbose"],
+            config_file=config_file,
         )
 
 
