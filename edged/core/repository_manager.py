@@ -31,6 +31,7 @@ from edged.core.repository import (
     version_numbers,
 )
 from edged.core.scheduler import DirectScheduler
+from edged.core.sequence import SequenceBatcher
 from edged.core.stats import ModelStatistics
 from edged.core.validation import ModelSignature
 from edged.errors import EdgedError, ErrorCode
@@ -169,8 +170,11 @@ class ModelRepositoryManager:
         """Triton's: the dynamic batcher for a config with ``dynamic_batching``, else one request per execution."""
         assert version.backend_model is not None and version.config is not None
         instances = version.backend_model.instances
-        if version.config.WhichOneof("scheduling_choice") == "dynamic_batching":
+        choice = version.config.WhichOneof("scheduling_choice")
+        if choice == "dynamic_batching":
             return DynamicBatcher(instances, self._executor, stats, version.config)
+        if choice == "sequence_batching":
+            return SequenceBatcher(instances, self._executor, stats, version.config)
         return DirectScheduler(instances, self._executor, stats)
 
     def _load(self, source: ModelSource) -> ModelEntry:

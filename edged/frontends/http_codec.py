@@ -147,6 +147,9 @@ def _request_parameters(raw: Any) -> tuple[dict[str, ParameterValue], bool]:
         parameters[key] = value
     binary_output = _optional_bool(raw, "binary_data_output")
     parameters.pop("binary_data_output", None)
+    # The sequence batcher's flags, checked as Triton checks them.
+    _optional_bool(raw, "sequence_start")
+    _optional_bool(raw, "sequence_end")
     return parameters, bool(binary_output)
 
 

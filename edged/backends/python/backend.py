@@ -180,8 +180,10 @@ class PythonBackend:
         instances = _start_instances(state, instance_placements(config, context.devices))
         # Behind the dynamic batcher a stub takes one batch at a time, so that requests wait in the batcher's queue
         # and join a batch there, as in Triton; alone, requests are pipelined to the stubs (see dispatch).
-        batched = config.WhichOneof("scheduling_choice") == "dynamic_batching"
-        model = PythonModel(instances, 1 if batched else SLOTS_PER_INSTANCE, state)
+        # Behind the sequence batcher each instance is itself: a sequence stays on the stub it started on.
+        choice = config.WhichOneof("scheduling_choice")
+        slots = {"dynamic_batching": 1, "sequence_batching": 0}.get(choice or "", SLOTS_PER_INSTANCE)
+        model = PythonModel(instances, slots, state)
         if state.host is not None:
             state.host.loop.call_soon_threadsafe(model.attach)
         return model
@@ -358,8 +360,9 @@ class PythonModel:
             instance.end_stop()
 
     @property
-    def instances(self) -> Sequence[Slot]:
-        return self._slots
+    def instances(self) -> Sequence[Slot | PythonInstance]:
+        # No slots (sequence batching): the scheduler addresses each stub itself.
+        return self._slots if self._slots_per_instance else self._instances
 
     def attach(self) -> None:
         for instance in self._instances:

@@ -1,0 +1,423 @@
+"""The sequence batcher: Triton's ``sequence_batching`` for stateful models fed by streams of requests that share a
+correlation id (``sequence_id``; an unsigned integer or a string).
+
+A sequence begins with a request flagged ``sequence_start`` and ends after one flagged ``sequence_end``; one that
+receives nothing for ``max_sequence_idle_microseconds`` (default 1 s) is released, and a later request for it
+without the START flag is refused with Triton's error. Requests carry a batch of one, as Triton requires.
+
+Every request reaches the model with the control inputs its config names (START, END, READY, CORRID, in the data
+types the config gives) and, for ``state`` entries, the sequence's implicit state: the state output of the previous
+request (the initial state at START) goes in as the state input, and the state output is kept, not returned.
+
+Requests of one sequence run one after the other, in order. With the ``direct`` strategy (the default) a sequence
+keeps the instance it started on for its whole life, and each instance holds at most ``max_batch_size`` sequences at
+once (more wait until one ends); with ``oldest`` any free instance takes the sequences whose next requests are the
+oldest. A batch holds at most one request per sequence. Unlike Triton's direct strategy, idle slots are not filled
+with "not ready" requests: a model sees only real requests.
+
+Everything runs on the event loop; executions run as the dynamic batcher runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edged.core.inference import InferInput
+from edged.core.scheduler import INLINE_BUDGET_NS, INLINE_MAX_INPUT_BYTES, input_bytes
+from edged.core.stats import ExecutionTiming, FailureReason
+from edged.errors import EdgedError, ErrorCode
+from edged.proto.model_config_pb2 import DataType, ModelSequenceBatching
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from concurrent.futures import Executor
+
+    from edged.backends.base import BackendInstance
+    from edged.core.inference import InferRequest, InferResponse
+    from edged.core.stats import ModelStatistics
+    from edged.proto.model_config_pb2 import ModelConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IDLE_US = 1_000_000
+_Control = ModelSequenceBatching.Control
+_EWMA_WEIGHT = 0.1
+# Wire name and numpy type of the data types control inputs and states may use.
+_TYPES: dict[int, tuple[str, Any]] = {
+    DataType.TYPE_BOOL: ("BOOL", np.bool_),
+    DataType.TYPE_INT32: ("INT32", np.int32),
+    DataType.TYPE_INT64: ("INT64", np.int64),
+    DataType.TYPE_UINT64: ("UINT64", np.uint64),
+    DataType.TYPE_FP32: ("FP32", np.float32),
+    DataType.TYPE_FP16: ("FP16", np.float16),
+    DataType.TYPE_FP64: ("FP64", np.float64),
+    DataType.TYPE_INT8: ("INT8", np.int8),
+    DataType.TYPE_UINT8: ("UINT8", np.uint8),
+    DataType.TYPE_STRING: ("BYTES", np.object_),
+}
+
+CorrelationId = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class _ControlInput:
+    name: str
+    kind: int
+    datatype: str
+    dtype: Any
+    values: tuple[Any, Any]  # (false, true); unused for CORRID
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    input_name: str
+    output_name: str
+    datatype: str
+    dtype: Any
+    dims: tuple[int, ...]
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    request: InferRequest
+    future: asyncio.Future[Any]
+    end: bool
+
+
+@dataclass(slots=True, eq=False)
+class _Sequence:
+    key: CorrelationId
+    instance: int | None  # direct strategy: the instance it lives on (None while it waits for a slot)
+    started_ns: int
+    last_ns: int
+    pending: deque[_Pending] = field(default_factory=deque)
+    running: bool = False
+    ended: bool = False
+    state: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
+
+
+def _control_inputs(config: ModelConfig) -> list[_ControlInput]:
+    controls: list[_ControlInput] = []
+    for control_input in config.sequence_batching.control_input:
+        for control in control_input.control:
+            if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
+                datatype, dtype = _TYPES.get(control.data_type, ("UINT64", np.uint64))
+                controls.append(_ControlInput(control_input.name, control.kind, datatype, dtype, (None, None)))
+                continue
+            if control.int32_false_true:
+                pair: tuple[Any, Any] = tuple(control.int32_false_true[:2])
+                datatype, dtype = "INT32", np.int32
+            elif control.fp32_false_true:
+                pair = tuple(control.fp32_false_true[:2])
+                datatype, dtype = "FP32", np.float32
+            else:
+                pair = tuple(control.bool_false_true[:2]) or (False, True)
+                datatype, dtype = "BOOL", np.bool_
+            controls.append(_ControlInput(control_input.name, control.kind, datatype, dtype, pair))
+    return controls
+
+
+def _states(config: ModelConfig) -> list[_State]:
+    states = []
+    for state in config.sequence_batching.state:
+        datatype, dtype = _TYPES.get(state.data_type, ("FP32", np.float32))
+        states.append(_State(state.input_name, state.output_name, datatype, dtype, tuple(int(d) for d in state.dims)))
+    return states
+
+
+def _corrid_number(key: CorrelationId) -> int:
+    """A string id for a numeric CORRID input: a stable 63-bit number derived from it."""
+    if isinstance(key, int):
+        return key
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1
+
+
+class SequenceBatcher:
+    def __init__(
+        self, instances: Sequence[BackendInstance], executor: Executor, stats: ModelStatistics, config: ModelConfig
+    ) -> None:
+        batching = config.sequence_batching
+        self._instances = list(instances)
+        self._busy = [False] * len(self._instances)
+        self._executor = executor
+        self._stats = stats
+        self._model = config.name
+        self._batching = config.max_batch_size > 0
+        self._slots = max(config.max_batch_size, 1)
+        self._oldest = batching.WhichOneof("strategy_choice") == "oldest"
+        self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
+        self._controls = _control_inputs(config)
+        self._states = _states(config)
+        self._state_outputs = {state.output_name for state in self._states}
+        self._sequences: dict[CorrelationId, _Sequence] = {}
+        self._waiting: deque[_Sequence] = deque()  # direct: sequences waiting for a slot
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._reaper: asyncio.TimerHandle | None = None
+        self._average_ns = float(INLINE_BUDGET_NS * 10)
+
+    # --- requests ------------------------------------------------------------------------------------------------
+
+    async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError | None:
+        raw = request.parameters.get("sequence_id")
+        key: CorrelationId | None = raw if isinstance(raw, int | str) and not isinstance(raw, bool) else None
+        if key is None or key in (0, ""):
+            return EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"inference request to model '{self._model}' must specify a non-zero or non-empty correlation ID",
+            )
+        if self._batching and request.batch_size != 1:
+            return EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"inference request to model '{self._model}' must specify batch-size 1 due to requirements of "
+                "sequence batcher",
+            )
+        now = time.monotonic_ns()
+        start = request.parameters.get("sequence_start") is True
+        end = request.parameters.get("sequence_end") is True
+        sequence = self._sequences.get(key)
+        if start:
+            if sequence is not None:
+                self._release(sequence)  # a new START ends the sequence that had this id
+            sequence = self._begin(key, now)
+        elif sequence is None:
+            return EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"inference request for sequence {key} to model '{self._model}' must specify the START flag on "
+                "the first request of the sequence",
+            )
+        sequence.last_ns = now
+        if end:
+            sequence.ended = True
+        self._add_controls(request, sequence, start, end)
+        pending = _Pending(request, asyncio.get_running_loop().create_future(), end)
+        sequence.pending.append(pending)
+        self._stats.pending += 1
+        self._in_flight += 1
+        self._idle.clear()
+        self._schedule()
+        try:
+            result: InferResponse | EdgedError | None = await asyncio.shield(pending.future)
+            return result
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+
+    async def drain(self) -> None:
+        await self._idle.wait()
+
+    def _begin(self, key: CorrelationId, now: int) -> _Sequence:
+        sequence = _Sequence(key, None, now, now)
+        sequence.state = {state.input_name: np.zeros(state.dims, dtype=state.dtype) for state in self._states}
+        self._sequences[key] = sequence
+        if self._oldest:
+            sequence.instance = -1  # any instance
+        else:
+            self._place(sequence)
+        self._arm_reaper()
+        return sequence
+
+    def _place(self, sequence: _Sequence) -> None:
+        """Direct strategy: the instance with the fewest sequences, if one has a free slot; else wait."""
+        counts = [0] * len(self._instances)
+        for other in self._sequences.values():
+            if other.instance is not None and other.instance >= 0 and other is not sequence:
+                counts[other.instance] += 1
+        best = min(range(len(counts)), key=counts.__getitem__) if counts else None
+        if best is not None and counts[best] < self._slots:
+            sequence.instance = best
+        else:
+            self._waiting.append(sequence)
+
+    def _release(self, sequence: _Sequence) -> None:
+        """The sequence is over (ended, restarted or idle): its slot goes to a waiting sequence. Requests it still
+        had queued (a new START came first) fail; the one running finishes."""
+        if self._sequences.get(sequence.key) is sequence:
+            del self._sequences[sequence.key]
+        while sequence.pending:
+            pending = sequence.pending.popleft()
+            self._stats.pending -= 1
+            self._in_flight -= 1
+            if not pending.future.done():
+                pending.future.set_result(
+                    EdgedError(
+                        ErrorCode.UNAVAILABLE,
+                        f"sequence {sequence.key} of model '{self._model}' was started again before this request ran",
+                    )
+                )
+        if self._in_flight == 0:
+            self._idle.set()
+        if sequence in self._waiting:
+            self._waiting.remove(sequence)
+        freed = sequence.instance
+        sequence.instance = None
+        if freed is not None and freed >= 0 and self._waiting:
+            self._waiting.popleft().instance = freed
+
+    def _add_controls(self, request: InferRequest, sequence: _Sequence, start: bool, end: bool) -> None:
+        shape = (1, 1) if self._batching else (1,)
+        for control in self._controls:
+            if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
+                if control.datatype == "BYTES":
+                    value: Any = np.array([str(sequence.key).encode()], dtype=np.object_)
+                else:
+                    value = np.array([_corrid_number(sequence.key)], dtype=control.dtype)
+            else:
+                flag = (
+                    start
+                    if control.kind == _Control.CONTROL_SEQUENCE_START
+                    else end
+                    if control.kind == _Control.CONTROL_SEQUENCE_END
+                    else control.kind == _Control.CONTROL_SEQUENCE_READY
+                )
+                value = np.array([control.values[1] if flag else control.values[0]], dtype=control.dtype)
+            request.inputs.append(InferInput(control.name, control.datatype, shape, value.reshape(shape)))
+
+    # --- forming batches -----------------------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        for index in range(len(self._instances)):
+            if self._busy[index]:
+                continue
+            runnable = [
+                s
+                for s in self._sequences.values()
+                if s.pending and not s.running and (s.instance == index or (self._oldest and s.instance == -1))
+            ]
+            if not runnable:
+                continue
+            runnable.sort(key=lambda s: s.pending[0].request.arrival_ns)
+            self._start(index, runnable[: self._slots])
+
+    def _start(self, index: int, sequences: list[_Sequence]) -> None:
+        batch: list[tuple[_Sequence, _Pending]] = []
+        for sequence in sequences:
+            pending = sequence.pending.popleft()
+            sequence.running = True
+            self._stats.pending -= 1
+            for state in self._states:
+                value = sequence.state[state.input_name]
+                shape = (1, *value.shape) if self._batching else value.shape
+                pending.request.inputs.append(InferInput(state.input_name, state.datatype, shape, value.reshape(shape)))
+            batch.append((sequence, pending))
+        self._busy[index] = True
+        instance = self._instances[index]
+        requests = [pending.request for _, pending in batch]
+        timing = ExecutionTiming()
+        started = time.monotonic_ns()
+        execute_async = getattr(instance, "execute_async", None)
+        if execute_async is not None:
+            work: asyncio.Future[Any] = asyncio.ensure_future(execute_async(requests, timing))
+        elif self._average_ns < INLINE_BUDGET_NS and sum(map(input_bytes, requests)) <= INLINE_MAX_INPUT_BYTES:
+            begin = time.perf_counter_ns()
+            results = _safe_execute(instance, requests, timing)
+            self._average_ns += (time.perf_counter_ns() - begin - self._average_ns) * _EWMA_WEIGHT
+            asyncio.get_running_loop().call_soon(self._finish, index, batch, started, timing, results)
+            return
+        else:
+            work = asyncio.get_running_loop().run_in_executor(self._executor, _timed, instance, requests, timing)
+        work.add_done_callback(lambda done: self._finished(index, batch, started, timing, done))
+
+    def _finished(
+        self,
+        index: int,
+        batch: list[tuple[_Sequence, _Pending]],
+        started: int,
+        timing: ExecutionTiming,
+        work: asyncio.Future[Any],
+    ) -> None:
+        if work.cancelled() or work.exception() is not None:
+            error = EdgedError(ErrorCode.INTERNAL, f"execution failed: {work.exception()!r}")
+            results: list[Any] = [error] * len(batch)
+        else:
+            outcome = work.result()
+            if isinstance(outcome, tuple):
+                results, elapsed = outcome
+                self._average_ns += (elapsed - self._average_ns) * _EWMA_WEIGHT
+            else:
+                results = list(outcome)
+        self._finish(index, batch, started, timing, results)
+
+    def _finish(
+        self,
+        index: int,
+        batch: list[tuple[_Sequence, _Pending]],
+        started: int,
+        timing: ExecutionTiming,
+        results: list[Any],
+    ) -> None:
+        self._busy[index] = False
+        self._stats.record_execution(len(batch), timing)
+        now = time.monotonic_ns()
+        for (sequence, pending), result in zip(batch, results, strict=True):
+            sequence.running = False
+            request = pending.request
+            if isinstance(result, EdgedError):
+                reason = FailureReason.CANCELED if request.cancelled else FailureReason.BACKEND
+                self._stats.record_failure(now - request.arrival_ns, reason)
+            else:
+                if result is not None and self._states:
+                    self._keep_state(sequence, result)
+                self._stats.record_success(1, now - request.arrival_ns, started - request.arrival_ns, timing)
+            if pending.end and not sequence.pending:
+                self._release(sequence)
+            if not pending.future.done():
+                pending.future.set_result(result)
+            self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+        self._schedule()
+
+    def _keep_state(self, sequence: _Sequence, response: InferResponse) -> None:
+        """The state outputs become the next request's state inputs, and leave the response."""
+        kept = []
+        for output in response.outputs:
+            if output.name in self._state_outputs:
+                state = next(s for s in self._states if s.output_name == output.name)
+                data = output.data[0] if self._batching else output.data
+                sequence.state[state.input_name] = np.array(data, dtype=state.dtype, copy=True)
+            else:
+                kept.append(output)
+        response.outputs = kept
+
+    # --- idle sequences ------------------------------------------------------------------------------------------
+
+    def _arm_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(self._idle_ns / 2e9, self._reap)
+
+    def _reap(self) -> None:
+        """Release sequences that received nothing for the idle time (and have nothing queued or running)."""
+        self._reaper = None
+        now = time.monotonic_ns()
+        for sequence in list(self._sequences.values()):
+            if not sequence.pending and not sequence.running and now - sequence.last_ns >= self._idle_ns:
+                log.info("sequence %s of model '%s' was idle too long and is released", sequence.key, self._model)
+                self._release(sequence)
+        if self._sequences:
+            self._arm_reaper()
+        self._schedule()
+
+
+def _safe_execute(instance: BackendInstance, requests: list[InferRequest], timing: ExecutionTiming) -> list[Any]:
+    try:
+        results: list[Any] = instance.execute(requests, timing)
+    except Exception as exc:  # a backend bug fails its batch, never the sequences behind it
+        log.exception("execution failed")
+        results = [EdgedError(ErrorCode.INTERNAL, str(exc))] * len(requests)
+    return results
+
+
+def _timed(instance: BackendInstance, requests: list[InferRequest], timing: ExecutionTiming) -> tuple[list[Any], int]:
+    start = time.perf_counter_ns()
+    results = _safe_execute(instance, requests, timing)
+    return results, time.perf_counter_ns() - start

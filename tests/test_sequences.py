@@ -1,0 +1,240 @@
+"""Stateful sequences through the real daemon and tritonclient: control inputs as Triton gives them, state per
+correlation id across interleaved sequences (HTTP and a gRPC stream), START/END and idle release with Triton's
+errors, sequences pinned to their instance (direct) or batched together (oldest)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from server import Server, run_server
+from tritonclient.utils import InferenceServerException
+
+ACCUMULATOR: Final = """
+import json
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.totals = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
+            end = pb_utils.get_input_tensor_by_name(request, "END").as_numpy()
+            ready = pb_utils.get_input_tensor_by_name(request, "READY").as_numpy()
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()
+            key = corrid.reshape(-1)[0]
+            key = key.decode() if isinstance(key, bytes) else int(key)
+            if start.reshape(-1)[0]:
+                self.totals[key] = 0
+            self.totals[key] = self.totals.get(key, 0) + int(x.reshape(-1)[0])
+            if int(x.reshape(-1)[0]) == 99:
+                time.sleep(0.8)  # keeps the instance busy so that other sequences queue
+            info = {
+                "start": start.tolist(), "end": end.tolist(), "ready": ready.tolist(),
+                "corrid": corrid.tolist() if corrid.dtype != object else [[corrid.reshape(-1)[0].decode()]],
+                "dtypes": [str(start.dtype), str(end.dtype), str(ready.dtype), str(corrid.dtype)],
+                "shapes": [list(start.shape), list(corrid.shape)], "n": len(requests), "pid": os.getpid(),
+            }
+            out = pb_utils.Tensor("OUTPUT", np.array([[self.totals[key]]], dtype=np.int32))
+            responses.append(pb_utils.InferenceResponse([out], parameters={"info": json.dumps(info)}))
+        return responses
+"""
+CONFIG: Final = """
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  %(strategy)s
+  max_sequence_idle_microseconds: %(idle)d
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: %(corrid)s } ] }
+  ]
+}
+instance_group [ { count: %(count)d kind: KIND_CPU } ]
+"""
+MODELS: Final[dict[str, dict[str, Any]]] = {
+    "acc": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_UINT64", "count": 2},
+    "acc_strings": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_STRING", "count": 1},
+    "acc_idle": {"strategy": "", "idle": 300_000, "corrid": "TYPE_UINT64", "count": 1},
+    "acc_oldest": {
+        "strategy": "oldest { max_candidate_sequences: 4 }",
+        "idle": 5_000_000,
+        "corrid": "TYPE_UINT64",
+        "count": 1,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("sequences")
+    for name, values in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(ACCUMULATOR, encoding="utf-8")
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(CONFIG % values), encoding="utf-8"
+        )
+    with run_server([repo]) as server:
+        yield server
+
+
+def _inputs(value: int) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return [tensor]
+
+
+def _send(
+    client: httpclient.InferenceServerClient, model: str, sequence: int | str, value: int, **flags: bool
+) -> tuple[int, dict[str, Any]]:
+    result = client.infer(model, _inputs(value), sequence_id=sequence, **flags)
+    info = json.loads(result.get_response()["parameters"]["info"])
+    return int(result.as_numpy("OUTPUT")[0, 0]), info
+
+
+def test_control_inputs_are_what_triton_gives(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    total, info = _send(client, "acc", 7, 5, sequence_start=True)
+    assert total == 5
+    # As Triton 2.51 fills them for this config (checked against it).
+    assert info["start"] == [[1]] and info["end"] == [[0.0]] and info["ready"] == [[True]]
+    assert info["corrid"] == [[7]]
+    assert info["dtypes"] == ["int32", "float32", "bool", "uint64"]
+    assert info["shapes"] == [[1, 1], [1, 1]]
+    total, info = _send(client, "acc", 7, 6, sequence_end=True)
+    assert total == 11
+    assert info["start"] == [[0]] and info["end"] == [[1.0]]
+
+
+def test_interleaved_sequences_keep_their_own_state(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    assert _send(client, "acc", 101, 1, sequence_start=True)[0] == 1
+    assert _send(client, "acc", 102, 10, sequence_start=True)[0] == 10
+    assert _send(client, "acc", 101, 2)[0] == 3
+    assert _send(client, "acc", 102, 20)[0] == 30
+    first_pid = _send(client, "acc", 101, 3)[1]["pid"]
+    assert _send(client, "acc", 102, 30, sequence_end=True)[0] == 60
+    # Direct strategy: a sequence stays on the instance it started on.
+    total, info = _send(client, "acc", 101, 4, sequence_end=True)
+    assert total == 10 and info["pid"] == first_pid
+
+
+def test_string_correlation_ids(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    assert _send(client, "acc_strings", "device-a", 1, sequence_start=True)[0] == 1
+    total, info = _send(client, "acc_strings", "device-a", 2, sequence_end=True)
+    assert total == 3 and info["corrid"] == [["device-a"]]
+
+
+def test_sequences_over_a_grpc_stream(sequence_server: Server) -> None:
+    client = grpcclient.InferenceServerClient(sequence_server.grpc_url)
+    results: list[tuple[str, int]] = []
+
+    def callback(result: Any, error: Any) -> None:
+        assert error is None, error
+        results.append((result.get_response().id, int(result.as_numpy("OUTPUT")[0, 0])))
+
+    client.start_stream(callback=callback)
+    plan = [
+        (201, 1, True, False),
+        (202, 100, True, False),
+        (201, 2, False, False),
+        (202, 200, False, True),
+        (201, 3, False, True),
+    ]
+    for n, (sequence, value, start, end) in enumerate(plan):
+        tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        client.async_stream_infer(
+            "acc", [tensor], request_id=str(n), sequence_id=sequence, sequence_start=start, sequence_end=end
+        )
+    deadline = time.monotonic() + 30
+    while len(results) < len(plan) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.stop_stream()
+    assert dict(results) == {"0": 1, "1": 100, "2": 3, "3": 300, "4": 6}
+
+
+def test_triton_errors_for_sequences(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("acc", _inputs(1))
+    assert (info.value.status(), info.value.message()) == (
+        "400",
+        "inference request to model 'acc' must specify a non-zero or non-empty correlation ID",
+    )
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("acc", _inputs(1), sequence_id=404)
+    assert info.value.message() == (
+        "inference request for sequence 404 to model 'acc' must specify the START flag on the first request of "
+        "the sequence"
+    )
+    # After its END a sequence is over.
+    _send(client, "acc", 300, 1, sequence_start=True, sequence_end=True)
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        client.infer("acc", _inputs(1), sequence_id=300)
+    tensor = httpclient.InferInput("INPUT", [2, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[1], [2]], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("acc", [tensor], sequence_id=301, sequence_start=True)
+    assert info.value.message() == (
+        "inference request to model 'acc' must specify batch-size 1 due to requirements of sequence batcher"
+    )
+
+
+def test_an_idle_sequence_is_released(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    _send(client, "acc_idle", 400, 1, sequence_start=True)
+    assert _send(client, "acc_idle", 400, 1)[0] == 2  # in time
+    time.sleep(1.0)  # over its 0.3 s idle time
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        client.infer("acc_idle", _inputs(1), sequence_id=400)
+
+
+def test_the_oldest_strategy_batches_sequences_together(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url, concurrency=8)
+    busy = client.async_infer("acc_oldest", _inputs(99), sequence_id=500, sequence_start=True)
+    time.sleep(0.3)  # the instance is busy: the next sequences queue
+    calls = [
+        client.async_infer("acc_oldest", _inputs(n), sequence_id=510 + n, sequence_start=True) for n in range(1, 4)
+    ]
+    busy.get_result()
+    results = [call.get_result() for call in calls]
+    sizes = [json.loads(result.get_response()["parameters"]["info"])["n"] for result in results]
+    assert max(sizes) > 1, sizes
+    assert [int(result.as_numpy("OUTPUT")[0, 0]) for result in results] == [1, 2, 3]
+
+
+def test_http_sequence_flags_must_be_booleans(sequence_server: Server, tmp_path: Path) -> None:
+    del tmp_path
+    from server import post_json
+
+    body = {
+        "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}],
+        "parameters": {"sequence_id": 9, "sequence_start": 1},
+    }
+    reply = post_json(sequence_server.http_url, "/v2/models/acc/infer", body)
+    assert reply.status == 500
+    assert json.loads(reply.body) == {
+        "error": "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean"
+    }
