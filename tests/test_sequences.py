@@ -85,9 +85,50 @@ MODELS: Final[dict[str, dict[str, Any]]] = {
 }
 
 
+ONNX_CONFIG: Final = """name: "acc_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+            initial_state: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zeros" } } ]
+}
+"""
+
+
+def _write_onnx_accumulator(model_dir: Path) -> None:
+    """OUTPUT = STATE_OUT = INPUT + STATE_IN: the running total lives in the implicit state, not in the graph."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shape: list[int | str] = ["batch", 1]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT", "STATE_IN"], ["OUTPUT"]),
+            helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+        ],
+        "accumulator",
+        [
+            helper.make_tensor_value_info("INPUT", TensorProto.INT32, shape),
+            helper.make_tensor_value_info("STATE_IN", TensorProto.INT32, shape),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT", TensorProto.INT32, shape),
+            helper.make_tensor_value_info("STATE_OUT", TensorProto.INT32, shape),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(model, str(model_dir / "1" / "model.onnx"))
+    (model_dir / "config.pbtxt").write_text(ONNX_CONFIG, encoding="utf-8")
+
+
 @pytest.fixture(scope="module")
 def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = tmp_path_factory.mktemp("sequences")
+    _write_onnx_accumulator(repo / "acc_onnx")
     for name, values in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(ACCUMULATOR, encoding="utf-8")
@@ -238,3 +279,19 @@ def test_http_sequence_flags_must_be_booleans(sequence_server: Server, tmp_path:
     assert json.loads(reply.body) == {
         "error": "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean"
     }
+
+
+def test_implicit_state_of_an_onnx_model(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+
+    def send(sequence: int, value: int, **flags: bool) -> int:
+        result = client.infer("acc_onnx", _inputs(value), sequence_id=sequence, **flags)
+        assert result.as_numpy("STATE_OUT") is None  # the state stays with the sequence
+        return int(result.as_numpy("OUTPUT")[0, 0])
+
+    assert send(601, 5, sequence_start=True) == 5  # the state starts at zero
+    assert send(602, 100, sequence_start=True) == 100
+    assert send(601, 6) == 11
+    assert send(602, 1) == 101
+    assert send(601, 1, sequence_end=True) == 12
+    assert send(601, 7, sequence_start=True) == 7  # a new sequence starts from zero again

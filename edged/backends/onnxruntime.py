@@ -174,6 +174,11 @@ class OnnxRuntimeInstance:
         self._batching = config.max_batch_size > 0
         self._output_types = {o.name: WIRE_NAME_BY_CONFIG[o.data_type] for o in config.output}
         self._all_outputs = [o.name for o in config.output]
+        # Implicit state of a sequence model: always computed, for the sequence batcher to carry forward.
+        self._state_outputs = [s.output_name for s in config.sequence_batching.state]
+        self._output_types.update(
+            {s.output_name: WIRE_NAME_BY_CONFIG[s.data_type] for s in config.sequence_batching.state}
+        )
         self._reshape_in = {i.name: tuple(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self._reshape_out = {o.name: tuple(o.reshape.shape) for o in config.output if o.HasField("reshape")}
         self._dims_out = {o.name: tuple(o.dims) for o in config.output}
@@ -246,9 +251,9 @@ class OnnxRuntimeInstance:
         wanted: list[str] = []
         for request in requests:
             if request.outputs is None:
-                return self._all_outputs
+                return self._all_outputs + self._state_outputs
             wanted.extend(o.name for o in request.outputs if o.name not in wanted)
-        return wanted
+        return wanted + [name for name in self._state_outputs if name not in wanted]
 
     def _feed(self, name: str, data: np.ndarray[Any, Any] | None, batch_size: int) -> np.ndarray[Any, Any]:
         assert data is not None  # validation decodes every input before scheduling
@@ -422,7 +427,10 @@ def _check_io(config: ModelConfig, context: LoadContext, session: ort.InferenceS
     model = context.model_name
     inputs, outputs = session.get_inputs(), session.get_outputs()
     required = len([t for t in config.input if not t.optional])
-    if not required <= len(inputs) <= len(config.input):
+    # A sequence model's graph also takes the control inputs and state inputs the sequence batcher fills.
+    sequences = config.sequence_batching
+    extra = len([c.name for c in sequences.control_input]) + len(sequences.state)
+    if not required <= len(inputs) <= len(config.input) + extra:
         raise EdgedError(
             ErrorCode.INVALID_ARG,
             f"unable to load model '{model}', configuration expects {required} inputs, model provides {len(inputs)}",

@@ -72,7 +72,10 @@ class ModelState:
 
     def __post_init__(self) -> None:
         self.output_types = {o.name: WIRE_NAME_BY_CONFIG.get(o.data_type, "") for o in self.config.output}
-        self.output_names = [o.name for o in self.config.output]
+        # A sequence model may also answer with its implicit state, which the sequence batcher takes back.
+        for state in self.config.sequence_batching.state:
+            self.output_types[state.output_name] = WIRE_NAME_BY_CONFIG.get(state.data_type, "")
+        self.output_names = list(self.output_types)
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
 
