@@ -103,6 +103,9 @@ def _uvicorn_config(app: Any, host: str, port: int, exit_timeout_s: float) -> uv
         lifespan="off",
         access_log=False,
         log_level="warning",
+        # uvicorn's lines go through edged's handlers (journald under systemd, the logging extension's switches)
+        # instead of a stderr handler of its own.
+        log_config=None,
         # Requests from devices arrive over keep-alive connections; closing idle ones late saves reconnects.
         timeout_keep_alive=30,
         # At shutdown, requests still running after this long are cancelled.
