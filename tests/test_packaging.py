@@ -1,0 +1,285 @@
+"""The .deb: ``packaging/build-deb`` builds it, and it installs into a throwaway Debian root and runs there.
+
+Both slow parts are cached between runs, so a warm run takes about a minute: the wheels the virtualenv is made of
+(``/var/tmp/edged-wheelhouse``, filled from PyPI on the first build) and a minimal Debian root made by debootstrap
+(``/var/tmp/edged-debroot-<release>``, made from the Debian mirror on the first run; each run installs into a copy).
+The package is packed uncompressed here: xz takes minutes on a small machine and changes nothing that is tested.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import pytest
+from server import REPO_ROOT
+
+import edged
+
+pytestmark = pytest.mark.slow
+
+CACHE: Final = Path(os.environ.get("EDGED_TEST_CACHE", "/var/tmp"))
+MIRROR: Final = os.environ.get("EDGED_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+BUILD_TIMEOUT_S: Final = 1800  # a cold wheelhouse downloads ~70 MB and compiles systemd-python
+DEBOOTSTRAP_TIMEOUT_S: Final = 1200
+COMMAND_TIMEOUT_S: Final = 300
+# Only the build directory's name holds this, so finding it in the package means a build path leaked in.
+BUILD_TMP_MARKER: Final = "edged-packaging-test-tmp"
+PREFIX: Final = "/opt/edged"
+CONFFILE: Final = "/etc/edged/edged.toml"
+# What the package ships from this checkout, byte for byte: checkout path -> installed path.
+SHIPPED: Final = {
+    "systemd/edged.service": "/lib/systemd/system/edged.service",
+    "systemd/sysusers.d/edged.conf": "/usr/lib/sysusers.d/edged.conf",
+    "systemd/tmpfiles.d/edged.conf": "/usr/lib/tmpfiles.d/edged.conf",
+    "packaging/edged.toml": CONFFILE,
+}
+
+
+@dataclass(frozen=True)
+class Deb:
+    path: Path
+    members: dict[str, tarfile.TarInfo]  # "/usr/bin/edged" -> its entry in the data archive
+    tree: Path  # the data archive extracted
+    leaked: list[str]  # members that name the build directory
+
+    def read(self, name: str) -> bytes:
+        return (self.tree / name.lstrip("/")).read_bytes()
+
+
+def _run(
+    *command: str, timeout: float = COMMAND_TIMEOUT_S, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL, check=False
+    )
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"{result.args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def _python_minor() -> str:
+    """The minor version of Debian's python3, which the package's virtualenv is bound to."""
+    return _ok(_run("/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])")).strip()
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deb]:
+    tmp = tmp_path_factory.mktemp(BUILD_TMP_MARKER)
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "EDGED_WHEELHOUSE": os.environ.get("EDGED_WHEELHOUSE", str(CACHE / "edged-wheelhouse")),
+        "EDGED_DEB_COMPRESSION": "none",
+    }
+    build = _run(
+        str(REPO_ROOT / "packaging/build-deb"), "--output", str(tmp / "dist"), timeout=BUILD_TIMEOUT_S, env=env
+    )
+    path = Path(_ok(build).strip().splitlines()[-1])
+    arch = _ok(_run("dpkg", "--print-architecture")).strip()
+    assert path == tmp / "dist" / f"edged_{edged.__version__}_{arch}.deb"
+
+    members: dict[str, tarfile.TarInfo] = {}
+    leaked: list[str] = []
+    marker = BUILD_TMP_MARKER.encode()
+    with (
+        subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(path)], stdout=subprocess.PIPE) as dpkg,
+        tarfile.open(fileobj=dpkg.stdout, mode="r|") as archive,
+    ):
+        for member in archive:
+            members[member.name.removeprefix(".")] = member
+            data = archive.extractfile(member) if member.isfile() else None
+            if marker in member.linkname.encode() or (data is not None and marker in data.read()):
+                leaked.append(member.name)
+    assert dpkg.returncode == 0
+    tree = tmp / "tree"
+    _ok(_run("dpkg-deb", "--extract", str(path), str(tree)))
+    yield Deb(path, members, tree, leaked)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_control_fields(deb: Deb) -> None:
+    def field(name: str) -> str:
+        return _ok(_run("dpkg-deb", "--field", str(deb.path), name)).strip()
+
+    assert field("Package") == "edged"
+    assert field("Version") == edged.__version__
+    assert field("Architecture") == _ok(_run("dpkg", "--print-architecture")).strip()
+    depends = [alternatives.strip() for alternatives in field("Depends").split(",")]
+    # The venv runs /usr/bin/python3.X with lib/python3.X: bound to that minor version, not to "python3".
+    assert f"python{_python_minor()}" in depends
+    # The compiled modules' system libraries, as dpkg-shlibdeps finds them: onnxruntime's C++ runtime, and
+    # libsystemd for systemd-python (built from source, so no wheel brings a copy).
+    names = {alternatives.split()[0] for alternatives in depends}
+    assert {"libc6", "libstdc++6"} <= names, depends
+    frozen = deb.read("/usr/share/doc/edged/requirements.txt").decode().lower().splitlines()
+    if any(line.startswith("systemd-python==") for line in frozen):
+        assert "libsystemd0" in names, depends
+    assert "adduser | systemd-sysusers" in depends
+
+
+def test_conffiles_and_maintainer_scripts(deb: Deb, tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    _ok(_run("dpkg-deb", "--control", str(deb.path), str(control)))
+    assert (control / "conffiles").read_text().split() == [CONFFILE]
+    for script in ("postinst", "prerm", "postrm"):
+        path = control / script
+        assert path.stat().st_mode & 0o111 == 0o111, f"{script} is not executable"
+        _ok(_run("sh", "-n", str(path)))
+        text = path.read_text()
+        assert "#SYSUSERS_FALLBACK#" not in text and "#TMPFILES_FALLBACK#" not in text, f"{script}: placeholder left"
+    postinst = (control / "postinst").read_text()
+    # The sysusers.d and tmpfiles.d entries, translated for systems without systemd.
+    assert "systemd-sysusers" in postinst
+    assert "adduser --system --group" in postinst
+    assert "install -d" in postinst
+    assert "deb-systemd-helper enable edged.service" in postinst
+    assert "deb-systemd-invoke start edged.service" in postinst  # only after an upgrade stopped it
+    assert "rm -rf" in (control / "postrm").read_text()
+    md5sums = (control / "md5sums").read_text()
+    assert f"  {PREFIX.lstrip('/')}/bin/edged\n" in md5sums
+    assert CONFFILE.lstrip("/") not in md5sums  # dpkg keeps conffiles' sums itself
+
+
+def test_files(deb: Deb) -> None:
+    members = deb.members
+    minor = _python_minor()
+    edged_link = members["/usr/bin/edged"]
+    assert edged_link.issym() and edged_link.linkname == f"{PREFIX}/bin/edged"
+    interpreter = members[f"{PREFIX}/bin/python{minor}"]
+    assert interpreter.issym() and interpreter.linkname == f"/usr/bin/python{minor}"
+    for source, installed in SHIPPED.items():
+        assert deb.read(installed) == (REPO_ROOT / source).read_bytes(), installed
+    repository = REPO_ROOT / "model_repository"
+    expected = {f"/usr/share/edged/model_repository/{p.relative_to(repository)}" for p in repository.rglob("*")}
+    shipped = {name for name in members if name.startswith("/usr/share/edged/model_repository/")}
+    assert shipped == expected
+    assert all(m.uname == "root" and m.gname == "root" for m in members.values())
+    assert (
+        f"{PREFIX}/lib/python{minor}/site-packages/edged/__pycache__/cli.cpython-{minor.replace('.', '')}.pyc"
+        in members
+    )
+    assert b"home = /usr/bin\n" in deb.read(f"{PREFIX}/pyvenv.cfg")
+
+
+def test_no_build_path_in_the_package(deb: Deb) -> None:
+    assert deb.leaked == []
+    assert deb.read(f"{PREFIX}/bin/edged").startswith(f"#!{PREFIX}/bin/python".encode())
+
+
+# --- installed into a Debian root --------------------------------------------------------------------------------
+
+
+def _release() -> str:
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.partition("=")[2].strip('"')
+    pytest.fail("/etc/os-release names no VERSION_CODENAME; the package installs into a root of this Debian release")
+
+
+def _cached_root() -> Path:
+    """A debootstrap minbase root of this machine's release with what the package depends on beyond minbase."""
+    release = _release()
+    include = f"python{_python_minor()},adduser"
+    root = CACHE / f"edged-debroot-{release}"
+    stamp = f"{release} {include} {MIRROR}\n"
+    with (CACHE / f"edged-debroot-{release}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # test runs at once make it once
+        if (root / ".edged-root").is_file() and (root / ".edged-root").read_text() == stamp:
+            return root
+        shutil.rmtree(root, ignore_errors=True)
+        partial = CACHE / f"edged-debroot-{release}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        command = ["debootstrap", "--variant=minbase", f"--include={include}", release, str(partial), MIRROR]
+        _ok(_run(*command, timeout=DEBOOTSTRAP_TIMEOUT_S))
+        (partial / ".edged-root").write_text(stamp)
+        partial.rename(root)
+    return root
+
+
+@pytest.fixture
+def debian_root(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("installing the .deb into a Debian root needs root (debootstrap, chroot); run the suite as root")
+    for tool in ("debootstrap", "chroot", "unshare"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not installed (apt-get install debootstrap)")
+    root = tmp_path / "root"
+    _ok(_run("cp", "-a", str(_cached_root()), str(root)))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _in_root(root: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """Runs a command chrooted in root, in its own mount and pid namespaces with a /proc of its own."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
+    unshare = ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={root}/proc"]
+    return _run(*unshare, "chroot", str(root), *command, env=env)
+
+
+def test_installs_runs_and_purges_in_a_debian_root(deb: Deb, debian_root: Path) -> None:
+    root = debian_root
+    shutil.copy(deb.path, root / "tmp/edged.deb")
+    _ok(_in_root(root, "dpkg", "--install", "/tmp/edged.deb"))
+
+    (root / "tmp/before-run").touch()
+    assert _ok(_in_root(root, "edged", "--version")) == f"edged {edged.__version__}\n"
+    _ok(_in_root(root, "edged", "check-repo", "/usr/share/edged/model_repository"))
+    broken = root / "tmp/repository/broken"
+    broken.mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('name: "broken"\nmax_batch_size: eight\n')
+    result = _in_root(root, "edged", "check-repo", "/tmp/repository")
+    assert result.returncode == 1 and "broken" in result.stdout + result.stderr, result
+    # The packaged configuration is read by default and names directories postinst made.
+    assert CONFFILE in _ok(_in_root(root, "edged", "config"))
+    prefix = _ok(_in_root(root, f"{PREFIX}/bin/python", "-c", "import sys; print(sys.prefix, sys.base_prefix)"))
+    assert prefix.split() == [PREFIX, "/usr"]
+    # Every .pyc shipped was valid where it lies: running edged as root compiled nothing new.
+    written = _ok(_in_root(root, "find", PREFIX, "-newer", "/tmp/before-run"))
+    assert written == ""
+
+    # postinst: the user and directories of the sysusers.d / tmpfiles.d snippets (here through adduser and
+    # install -d: the root has no systemd), and the unit enabled through deb-systemd-helper.
+    user = _ok(_in_root(root, "getent", "passwd", "edged")).split(":")
+    assert user[0] == "edged" and user[6].strip() == "/usr/sbin/nologin", user
+    for line in (REPO_ROOT / "systemd/tmpfiles.d/edged.conf").read_text().splitlines():
+        fields = line.split()
+        if fields and fields[0].rstrip("!-") in ("d", "D"):
+            owner = _ok(_in_root(root, "stat", "-c", "%U:%G %a", fields[1])).strip()
+            mode = fields[2].lstrip("0") if fields[2] != "-" else "755"
+            expected_owner = f"{_or_root(fields[3])}:{_or_root(fields[4])}"
+            assert owner == f"{expected_owner} {mode}", f"{fields[1]}: {owner}"
+    wanted_by = [
+        line.partition("=")[2].strip()
+        for line in (REPO_ROOT / "systemd/edged.service").read_text().splitlines()
+        if line.startswith("WantedBy=")
+    ]
+    assert wanted_by, "edged.service has no WantedBy="
+    for target in " ".join(wanted_by).split():
+        assert (root / f"etc/systemd/system/{target}.wants/edged.service").is_symlink(), target
+
+    # remove keeps the configuration and the state; purge removes both.
+    (root / "var/lib/edged/edged.db").write_text("state")
+    _ok(_in_root(root, "dpkg", "--remove", "edged"))
+    assert not (root / PREFIX.lstrip("/")).exists()
+    assert not (root / "usr/bin/edged").is_symlink()
+    assert (root / CONFFILE.lstrip("/")).is_file()
+    assert (root / "var/lib/edged/edged.db").is_file()
+    _ok(_in_root(root, "dpkg", "--purge", "edged"))
+    assert not (root / "etc/edged").exists()
+    assert not (root / "var/lib/edged").exists()
+    for target in " ".join(wanted_by).split():
+        assert not (root / f"etc/systemd/system/{target}.wants/edged.service").is_symlink(), target
+
+
+def _or_root(value: str) -> str:
+    return "root" if value == "-" else value
