@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import modelgen
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from conftest import PYTHON_MODELS
 from server import Server, run_server
 from tritonclient.utils import InferenceServerException
 
@@ -69,6 +71,32 @@ class TritonPythonModel:
             span = np.array([[started, time.monotonic()]], dtype=np.float64)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x), pb_utils.Tensor("SPAN", span)]))
         return responses
+"""
+
+
+DOUBLE: Final = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * 2).astype(np.int32))]))
+        return responses
+"""
+FANOUT: Final = """
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "repeat_decoupled" model_version: -1 input_map { key: "IN" value: "IN" }
+    output_map [ { key: "OUT" value: "value" }, { key: "IDX" value: "IDX" } ] },
+  { model_name: "double_int" model_version: -1 input_map { key: "X" value: "value" }
+    output_map { key: "Y" value: "Y" } }
+] }
 """
 
 
@@ -208,6 +236,18 @@ def ensemble_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     _ensemble(repo, "pipeline", PIPELINE)
     _ensemble(repo, "branches", BRANCHES)
     _ensemble(repo, "labeller", LABELLER)
+    shutil.copytree(PYTHON_MODELS / "repeat_decoupled", repo / "repeat_decoupled")
+    _python_model(
+        repo,
+        "double_int",
+        DOUBLE,
+        """
+        max_batch_size: 0
+        input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """,
+    )
+    _ensemble(repo, "fanout", FANOUT)
     for name, (config, _) in BROKEN.items():
         _ensemble(repo, name, config)
     with run_server([repo], "--model-control-mode=explicit", "--load-model=*") as server:
@@ -299,3 +339,35 @@ def test_an_ensemble_loads_once_its_models_do(tmp_path: Path) -> None:
         client.load_model("add_sub")
         assert client.is_model_ready("doubler")
         shutil.rmtree(repo / "doubler")
+
+
+def test_a_decoupled_step_streams_through_the_rest_of_the_graph(ensemble_server: Server) -> None:
+    client = grpcclient.InferenceServerClient(ensemble_server.grpc_url)
+    responses: list[Any] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        responses.append(error if error is not None else result)
+        if len(responses) == 3 or error is not None:
+            done.set()
+
+    client.start_stream(callback=callback)
+    tensor = grpcclient.InferInput("IN", [3], "INT32")
+    tensor.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+    client.async_stream_infer("fanout", [tensor], request_id="f1")
+    assert done.wait(30)
+    client.stop_stream()
+    assert all(not isinstance(r, Exception) for r in responses), responses
+    pairs = sorted((int(r.as_numpy("IDX")[0]), int(r.as_numpy("Y")[0])) for r in responses)
+    assert pairs == [(0, 2), (1, 4), (2, 6)]
+    # The ensemble is decoupled as its step is: the plain HTTP endpoint refuses it, as for any decoupled model.
+    http = httpclient.InferenceServerClient(ensemble_server.http_url)
+    assert http.get_model_config("fanout")["model_transaction_policy"]["decoupled"] is True
+    with pytest.raises(InferenceServerException):
+        http.infer("fanout", [_int_input()])
+
+
+def _int_input() -> httpclient.InferInput:
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    return tensor

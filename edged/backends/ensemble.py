@@ -10,7 +10,8 @@ at once. Each step is an ordinary request to its model through the server (its s
 included). A failing step fails the request with an error that names the step; the steps still running are
 cancelled. Cancelling the request cancels the steps in flight.
 
-Decoupled composing models are not supported yet: an ensemble with one is UNAVAILABLE with that reason.
+An ensemble with a decoupled step is decoupled itself, as in Triton: each response of that step goes on through the
+rest of the graph on its own and becomes one response of the ensemble's stream.
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edged.backends import host
-from edged.core.inference import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
+from edged.core.inference import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    StreamResponse,
+)
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import DataType
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import AsyncIterator, Sequence
 
     from edged.backends.base import LoadContext, ServerApi
     from edged.core.stats import ExecutionTiming
@@ -55,6 +63,8 @@ class _Step:
     # step model's input name -> ensemble tensor, ensemble tensor <- step model's output name
     inputs: dict[str, str]
     outputs: dict[str, str]
+    # A decoupled model's step: each of its responses carries the rest of the graph on its own.
+    decoupled: bool = False
 
 
 class EnsembleBackend:
@@ -66,6 +76,9 @@ class EnsembleBackend:
         if server is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, "ensembles run only inside the daemon")
         steps = check_ensemble(config, server)
+        if any(step.decoupled for step in steps):
+            # As Triton: an ensemble with a decoupled step is decoupled itself (its clients stream).
+            config.model_transaction_policy.decoupled = True
         return EnsembleModel(config, steps, server)
 
 
@@ -131,11 +144,7 @@ def check_ensemble(config: ModelConfig, server: ServerApi) -> list[_Step]:
                 ErrorCode.UNAVAILABLE,
                 f"ensemble {name} depends on model {model}, which is not available: {exc.message}",
             ) from None
-        if member.model_transaction_policy.decoupled:
-            raise EdgedError(
-                ErrorCode.UNSUPPORTED,
-                f"ensemble {name} has a step of the decoupled model {model}, which edged's ensembles do not run yet",
-            )
+        decoupled = bool(member.model_transaction_policy.decoupled)
         if member.max_batch_size != 0 and member.max_batch_size < config.max_batch_size:
             raise EdgedError(
                 ErrorCode.INVALID_ARG,
@@ -189,7 +198,9 @@ def check_ensemble(config: ModelConfig, server: ServerApi) -> list[_Step]:
                 tensors[value] = found
             if value in outputs:
                 _consistent(value, name, outputs[value], found)
-        steps.append(_Step(index, model, int(step.model_version), dict(step.input_map), dict(step.output_map)))
+        steps.append(
+            _Step(index, model, int(step.model_version), dict(step.input_map), dict(step.output_map), decoupled)
+        )
     # Data flow: every step must be reachable from the ensemble's inputs, and every output produced.
     remaining = list(steps)
     while remaining:
@@ -251,11 +262,12 @@ class _Runner:
 
     async def _execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[Any]:
         started = time.perf_counter_ns()
-        results = await asyncio.gather(*(self._run(request) for request in requests), return_exceptions=True)
+        run = self._run_streaming if self._config.model_transaction_policy.decoupled else self._run
+        results = await asyncio.gather(*(run(request) for request in requests), return_exceptions=True)
         timing.infer_ns = time.perf_counter_ns() - started
         out: list[Any] = []
         for result in results:
-            if isinstance(result, EdgedError | InferResponse):
+            if result is None or isinstance(result, EdgedError | InferResponse):
                 out.append(result)
             elif isinstance(result, BaseException):
                 out.append(EdgedError(ErrorCode.INTERNAL, f"ensemble '{self._config.name}' failed: {result!r}"))
@@ -301,25 +313,108 @@ class _Runner:
         outputs = [_output(name, tensors[name]) for name in self._outputs if name in tensors]
         return InferResponse(request.model_name, str(request.model_version), request.id, outputs)
 
-    async def _step(self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]) -> dict[str, InferInput]:
+    async def _run_streaming(self, request: InferRequest) -> EdgedError | None:
+        """A decoupled ensemble: every response of a decoupled step goes on through the rest of the graph on its
+        own, and each path that reaches the end is one response on the request's stream; a flag-only final
+        response follows the last. Returns None (answered through the stream), or the error that ended it."""
+        stream = request.stream
+        assert stream is not None
+        branches: list[asyncio.Task[None]] = []
+        errors: list[EdgedError] = []
+
+        async def branch(tensors: dict[str, InferInput], remaining: list[_Step]) -> None:
+            running: dict[asyncio.Task[dict[str, InferInput]], _Step] = {}
+            try:
+                while remaining or running:
+                    for step in [s for s in remaining if all(t in tensors for t in s.inputs.values())]:
+                        if step.decoupled and running:
+                            continue  # the steps in flight finish first: each response then carries them all
+                        remaining.remove(step)
+                        if step.decoupled:
+                            async for produced in self._stream_step(step, request, tensors):
+                                forked = asyncio.ensure_future(branch({**tensors, **produced}, list(remaining)))
+                                branches.append(forked)
+                            return
+                        running[asyncio.ensure_future(self._step(step, request, tensors))] = step
+                    if not running:
+                        return  # everything ran
+                    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        step = running.pop(task)
+                        exc = task.exception() if not task.cancelled() else EdgedError(ErrorCode.CANCELLED, "cancelled")
+                        if exc is not None:
+                            raise self._step_error(step, exc)
+                        tensors.update(task.result())
+                outputs = [_output(name, tensors[name]) for name in self._outputs if name in tensors]
+                stream.put(
+                    StreamResponse(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
+                )
+            except EdgedError as error:
+                for task in running:
+                    task.cancel()
+                errors.append(error)
+            except BaseException as exc:  # a bug: the request fails, the ensemble goes on
+                for task in running:
+                    task.cancel()
+                errors.append(EdgedError(ErrorCode.INTERNAL, f"ensemble '{self._config.name}' failed: {exc!r}"))
+
+        def cancel_branches() -> None:
+            for task in branches:
+                task.cancel()
+
+        request.on_cancel(cancel_branches)
+        await branch({t.name: t for t in request.inputs}, list(self._steps))
+        while not all(task.done() for task in branches):
+            await asyncio.gather(*list(branches), return_exceptions=True)
+        if errors:
+            stream.put(StreamResponse(None, errors[0], final=True))
+            return errors[0]
+        stream.put(StreamResponse(None, final=True))
+        return None
+
+    def _step_error(self, step: _Step, exc: BaseException) -> EdgedError:
+        message = exc.message if isinstance(exc, EdgedError) else repr(exc)
+        code = exc.code if isinstance(exc, EdgedError) else ErrorCode.INTERNAL
+        return EdgedError(
+            code, f"in ensemble '{self._config.name}', step {step.index} (model '{step.model}') failed: {message}"
+        )
+
+    async def _stream_step(
+        self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]
+    ) -> AsyncIterator[dict[str, InferInput]]:
+        """Each response of a decoupled step, as the ensemble tensors it produces."""
+        sub = self._sub_request(step, request, tensors)
+        async for item in self._server.infer_stream(sub):
+            if item.error is not None:
+                raise self._step_error(step, item.error)
+            if item.response is not None:
+                yield self._produced(step, item.response)
+
+    def _sub_request(self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]) -> InferRequest:
         inputs = []
         for model_input, ensemble_tensor in step.inputs.items():
             source = tensors[ensemble_tensor]
             inputs.append(InferInput(model_input, source.datatype, source.shape, source.data))
-        sub = InferRequest(
+        return InferRequest(
             model_name=step.model,
             model_version=step.version,
             id=request.id,
             inputs=inputs,
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
-        response = await self._server.infer(sub)
+
+    @staticmethod
+    def _produced(step: _Step, response: InferResponse) -> dict[str, InferInput]:
         produced: dict[str, InferInput] = {}
         for output in response.outputs:
             target = step.outputs.get(output.name)
             if target is not None:
                 produced[target] = InferInput(target, output.datatype, output.shape, output.data)
         return produced
+
+    async def _step(self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]) -> dict[str, InferInput]:
+        response = await self._server.infer(self._sub_request(step, request, tensors))
+        return self._produced(step, response)
 
 
 def _output(name: str, tensor: InferInput) -> InferOutput:
