@@ -8,6 +8,7 @@ import math
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -285,6 +286,10 @@ def test_cpu_gauges_and_gpu_gauges_only_with_gpus(metrics_server: Server) -> Non
 
 def test_custom_metric_families_of_a_python_model(metrics_server: Server) -> None:
     client = httpclient.InferenceServerClient(metrics_server.http_url)
+    # The families come from the model's initialize; give a loaded machine a moment to have them all exported.
+    deadline = time.monotonic() + 10
+    while 'custom_calls{mode="a"' not in scrape(metrics_server) and time.monotonic() < deadline:
+        time.sleep(0.1)
     before = value(scrape(metrics_server), "custom_calls", mode="a")
     for x in (0.3, 2.0):
         _custom(client, x)
