@@ -100,6 +100,20 @@ ensemble_scheduling { step [
 """
 
 
+# An ensemble whose first step is another ensemble: labeller's LABEL, next to add_sub's sum of X with itself.
+NESTED: Final = """
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] }, { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "labeller" model_version: -1 input_map { key: "X" value: "X" }
+    output_map { key: "LABEL" value: "LABEL" } },
+  { model_name: "add_sub" model_version: -1 input_map [ { key: "INPUT0" value: "X" }, { key: "INPUT1" value: "X" } ]
+    output_map { key: "OUTPUT0" value: "SUM" } }
+] }
+"""
+
+
 def _python_model(repo: Path, name: str, source: str, config: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1" / "model.py").write_text(source, encoding="utf-8")
@@ -248,6 +262,7 @@ def ensemble_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
         """,
     )
     _ensemble(repo, "fanout", FANOUT)
+    _ensemble(repo, "nested", NESTED)
     for name, (config, _) in BROKEN.items():
         _ensemble(repo, name, config)
     with run_server([repo], "--model-control-mode=explicit", "--load-model=*") as server:
@@ -371,3 +386,13 @@ def _int_input() -> httpclient.InferInput:
     tensor = httpclient.InferInput("IN", [1], "INT32")
     tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
     return tensor
+
+
+def test_an_ensemble_of_an_ensemble(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    assert client.is_model_ready("nested")
+    tensor = httpclient.InferInput("X", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.full((1, 16), 2, dtype=np.float32))
+    result = client.infer("nested", [tensor])
+    assert result.as_numpy("LABEL")[0, 0] == b"total 64"
+    np.testing.assert_array_equal(result.as_numpy("SUM"), np.full((1, 16), 4, dtype=np.float32))

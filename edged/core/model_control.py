@@ -260,12 +260,8 @@ class ModelController:
     async def _retry_ensembles(self, loaded: str, origin: Origin) -> None:
         """An ensemble that could not load for want of a model may load now that ``loaded`` did."""
         entry = self._manager.entry(loaded)
-        if (
-            entry is None
-            or entry.state is not ModelState.READY
-            or (entry.config and entry.config.platform == "ensemble")
-        ):
-            return
+        if entry is None or entry.state is not ModelState.READY:
+            return  # (an ensemble that loaded may be what another ensemble waited for)
         for name in self._manager.names():
             other = self._manager.entry(name)
             if (
