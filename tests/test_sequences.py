@@ -76,6 +76,13 @@ MODELS: Final[dict[str, dict[str, Any]]] = {
     "acc": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_UINT64", "count": 2},
     "acc_strings": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_STRING", "count": 1},
     "acc_idle": {"strategy": "", "idle": 300_000, "corrid": "TYPE_UINT64", "count": 1},
+    "acc_delay": {
+        "strategy": "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 3 ] "
+        "max_queue_delay_microseconds: 5000000 }",
+        "idle": 10_000_000,
+        "corrid": "TYPE_UINT64",
+        "count": 1,
+    },
     "acc_oldest": {
         "strategy": "oldest { max_candidate_sequences: 4 }",
         "idle": 5_000_000,
@@ -295,3 +302,12 @@ def test_implicit_state_of_an_onnx_model(sequence_server: Server) -> None:
     assert send(602, 1) == 101
     assert send(601, 1, sequence_end=True) == 12
     assert send(601, 7, sequence_start=True) == 7  # a new sequence starts from zero again
+
+
+def test_the_oldest_strategy_waits_for_a_preferred_batch(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url, concurrency=8)
+    # Three sequences start together: the batcher waits (up to 5 s) until the preferred 3 are there.
+    calls = [client.async_infer("acc_delay", _inputs(n), sequence_id=700 + n, sequence_start=True) for n in (1, 2, 3)]
+    results = [call.get_result() for call in calls]
+    sizes = [json.loads(result.get_response()["parameters"]["info"])["n"] for result in results]
+    assert sizes == [3, 3, 3]

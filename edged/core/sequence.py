@@ -12,7 +12,8 @@ request (the initial state at START) goes in as the state input, and the state o
 Requests of one sequence run one after the other, in order. With the ``direct`` strategy (the default) a sequence
 keeps the instance it started on for its whole life, and each instance holds at most ``max_batch_size`` sequences at
 once (more wait until one ends); with ``oldest`` any free instance takes the sequences whose next requests are the
-oldest. A batch holds at most one request per sequence. Unlike Triton's direct strategy, idle slots are not filled
+oldest, waiting up to its ``max_queue_delay_microseconds`` for a batch of a ``preferred_batch_size`` or a full one.
+A batch holds at most one request per sequence. Unlike Triton's direct strategy, idle slots are not filled
 with "not ready" requests: a model sees only real requests.
 
 Everything runs on the event loop; executions run as the dynamic batcher runs them.
@@ -153,6 +154,11 @@ class SequenceBatcher:
         self._batching = config.max_batch_size > 0
         self._slots = max(config.max_batch_size, 1)
         self._oldest = batching.WhichOneof("strategy_choice") == "oldest"
+        # The oldest strategy may wait a little for more sequences to fill a batch, as the dynamic batcher does.
+        oldest = batching.oldest
+        self._preferred = frozenset(size for size in oldest.preferred_batch_size if size <= self._slots)
+        self._delay_ns = oldest.max_queue_delay_microseconds * 1000 if self._oldest else 0
+        self._timer: asyncio.TimerHandle | None = None
         self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         self._controls = _control_inputs(config)
         self._states = _states(config)
@@ -296,7 +302,26 @@ class SequenceBatcher:
             if not runnable:
                 continue
             runnable.sort(key=lambda s: s.pending[0].request.arrival_ns)
-            self._start(index, runnable[: self._slots])
+            count = min(len(runnable), self._slots)
+            if self._delay_ns and count < self._slots and count not in self._preferred:
+                waited = time.monotonic_ns() - runnable[0].pending[0].request.arrival_ns
+                if waited < self._delay_ns:
+                    self._wake_in(self._delay_ns - waited)
+                    continue
+            if self._preferred and count not in self._preferred:
+                # The largest preferred size that is ready, when there is one; everything once the delay is over.
+                fitting = [size for size in self._preferred if size <= count]
+                if fitting:
+                    count = max(fitting)
+            self._start(index, runnable[:count])
+
+    def _wake_in(self, wait_ns: int) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait_ns / 1e9, self._woken)
+
+    def _woken(self) -> None:
+        self._timer = None
+        self._schedule()
 
     def _start(self, index: int, sequences: list[_Sequence]) -> None:
         batch: list[tuple[_Sequence, _Pending]] = []
