@@ -104,7 +104,7 @@ sequence_batching {
 """
 
 
-def _write_onnx_accumulator(model_dir: Path) -> None:
+def _write_onnx_accumulator(model_dir: Path, name: str = "acc_onnx", initial: bytes | None = None) -> None:
     """OUTPUT = STATE_OUT = INPUT + STATE_IN: the running total lives in the implicit state, not in the graph."""
     import onnx
     from onnx import TensorProto, helper
@@ -129,13 +129,21 @@ def _write_onnx_accumulator(model_dir: Path) -> None:
     model.ir_version = 8
     (model_dir / "1").mkdir(parents=True)
     onnx.save(model, str(model_dir / "1" / "model.onnx"))
-    (model_dir / "config.pbtxt").write_text(ONNX_CONFIG, encoding="utf-8")
+    config = ONNX_CONFIG.replace('"acc_onnx"', f'"{name}"')
+    if initial is not None:
+        # Triton's layout: the state's first value, row-major, in the model folder's initial_state/.
+        (model_dir / "initial_state").mkdir()
+        (model_dir / "initial_state" / "start.bin").write_bytes(initial)
+        config = config.replace("zero_data: true", 'data_file: "start.bin"')
+    (model_dir / "config.pbtxt").write_text(config, encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
 def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = tmp_path_factory.mktemp("sequences")
     _write_onnx_accumulator(repo / "acc_onnx")
+    _write_onnx_accumulator(repo / "acc_from_1000", "acc_from_1000", np.array([1000], dtype=np.int32).tobytes())
+    _write_onnx_accumulator(repo / "acc_bad_initial", "acc_bad_initial", b"\x01\x02")
     for name, values in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(ACCUMULATOR, encoding="utf-8")
@@ -311,3 +319,16 @@ def test_the_oldest_strategy_waits_for_a_preferred_batch(sequence_server: Server
     results = [call.get_result() for call in calls]
     sizes = [json.loads(result.get_response()["parameters"]["info"])["n"] for result in results]
     assert sizes == [3, 3, 3]
+
+
+def test_an_initial_state_from_a_file(sequence_server: Server) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    result = client.infer("acc_from_1000", _inputs(5), sequence_id=801, sequence_start=True)
+    assert int(result.as_numpy("OUTPUT")[0, 0]) == 1005
+    # A file of the wrong size: the model is unavailable, and says why.
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["acc_bad_initial"]["state"] == "UNAVAILABLE"
+    assert index["acc_bad_initial"]["reason"] == (
+        "Invalid argument: initial state file 'start.bin' of state 'STATE_IN' in model 'acc_bad_initial' holds 2 "
+        "bytes, expected 4"
+    )

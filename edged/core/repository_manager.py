@@ -31,7 +31,7 @@ from edged.core.repository import (
     version_numbers,
 )
 from edged.core.scheduler import DirectScheduler
-from edged.core.sequence import SequenceBatcher
+from edged.core.sequence import SequenceBatcher, check_sequence_config
 from edged.core.stats import ModelStatistics
 from edged.core.validation import ModelSignature
 from edged.errors import EdgedError, ErrorCode
@@ -70,6 +70,8 @@ class ModelVersion:
     scheduler: Scheduler | None = None
     backend_model: BackendModel | None = None
     stats: ModelStatistics | None = None
+    # The model folder it was loaded from (a sequence model's initial_state/ files live there).
+    model_dir: Path | None = None
 
 
 @dataclass(slots=True)
@@ -174,7 +176,7 @@ class ModelRepositoryManager:
         if choice == "dynamic_batching":
             return DynamicBatcher(instances, self._executor, stats, version.config)
         if choice == "sequence_batching":
-            return SequenceBatcher(instances, self._executor, stats, version.config)
+            return SequenceBatcher(instances, self._executor, stats, version.config, version.model_dir)
         return DirectScheduler(instances, self._executor, stats)
 
     def _load(self, source: ModelSource) -> ModelEntry:
@@ -284,8 +286,10 @@ class ModelRepositoryManager:
         )
 
     def load_version(self, source: ModelSource, config: ModelConfig, number: int) -> ModelVersion:
-        version = ModelVersion(source.name, number, ModelState.LOADING, config=config)
+        version = ModelVersion(source.name, number, ModelState.LOADING, config=config, model_dir=source.path)
         try:
+            if config.WhichOneof("scheduling_choice") == "sequence_batching":
+                check_sequence_config(config, source.path)  # its initial state files, before any instance starts
             version.labels = {o.name: read_labels(source, o.label_filename) for o in config.output if o.label_filename}
             version.signature = ModelSignature.from_config(config)
             version.backend_model = get_backend(backend_name(config)).load(config, self.context(source, config, number))

@@ -40,6 +40,7 @@ from edged.proto.model_config_pb2 import DataType, ModelSequenceBatching
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from concurrent.futures import Executor
+    from pathlib import Path
 
     from edged.backends.base import BackendInstance
     from edged.core.inference import InferRequest, InferResponse
@@ -84,6 +85,7 @@ class _State:
     datatype: str
     dtype: Any
     dims: tuple[int, ...]
+    initial: np.ndarray[Any, Any]  # what a sequence starts with: zeros, or the config's initial_state data file
 
 
 @dataclass(slots=True, eq=False)
@@ -126,12 +128,45 @@ def _control_inputs(config: ModelConfig) -> list[_ControlInput]:
     return controls
 
 
-def _states(config: ModelConfig) -> list[_State]:
+def _states(config: ModelConfig, model_dir: Path | None) -> list[_State]:
     states = []
     for state in config.sequence_batching.state:
         datatype, dtype = _TYPES.get(state.data_type, ("FP32", np.float32))
-        states.append(_State(state.input_name, state.output_name, datatype, dtype, tuple(int(d) for d in state.dims)))
+        dims = tuple(int(d) for d in state.dims)
+        initial = np.zeros(dims, dtype=dtype)
+        for given in state.initial_state:
+            if given.WhichOneof("state_data") == "data_file":
+                initial = _initial_from_file(config.name, state.input_name, model_dir, given.data_file, dtype, dims)
+        states.append(_State(state.input_name, state.output_name, datatype, dtype, dims, initial))
     return states
+
+
+def check_sequence_config(config: ModelConfig, model_dir: Path) -> None:
+    """What the sequence batcher will need from the model folder (its initial state files) is there and sound."""
+    _states(config, model_dir)
+
+
+def _initial_from_file(
+    model: str, state: str, model_dir: Path | None, name: str, dtype: Any, dims: tuple[int, ...]
+) -> np.ndarray[Any, Any]:
+    """Triton's rule: the file is in the model folder's initial_state/ subfolder, row-major, of the state's type."""
+    if model_dir is None or "/" in name or name in ("", ".", ".."):
+        raise EdgedError(ErrorCode.INVALID_ARG, f"initial state '{name}' of model '{model}' is not a file name")
+    path = model_dir / "initial_state" / name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG, f"unable to read initial state file '{name}' of model '{model}': {exc.strerror}"
+        ) from None
+    expected = int(np.prod(dims)) * np.dtype(dtype).itemsize
+    if dtype is np.object_ or len(data) != expected:
+        raise EdgedError(
+            ErrorCode.INVALID_ARG,
+            f"initial state file '{name}' of state '{state}' in model '{model}' holds {len(data)} bytes, "
+            f"expected {expected}",
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(dims).copy()
 
 
 def _corrid_number(key: CorrelationId) -> int:
@@ -143,7 +178,12 @@ def _corrid_number(key: CorrelationId) -> int:
 
 class SequenceBatcher:
     def __init__(
-        self, instances: Sequence[BackendInstance], executor: Executor, stats: ModelStatistics, config: ModelConfig
+        self,
+        instances: Sequence[BackendInstance],
+        executor: Executor,
+        stats: ModelStatistics,
+        config: ModelConfig,
+        model_dir: Path | None = None,
     ) -> None:
         batching = config.sequence_batching
         self._instances = list(instances)
@@ -161,7 +201,7 @@ class SequenceBatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         self._controls = _control_inputs(config)
-        self._states = _states(config)
+        self._states = _states(config, model_dir)
         self._state_outputs = {state.output_name for state in self._states}
         self._sequences: dict[CorrelationId, _Sequence] = {}
         self._waiting: deque[_Sequence] = deque()  # direct: sequences waiting for a slot
@@ -223,7 +263,7 @@ class SequenceBatcher:
 
     def _begin(self, key: CorrelationId, now: int) -> _Sequence:
         sequence = _Sequence(key, None, now, now)
-        sequence.state = {state.input_name: np.zeros(state.dims, dtype=state.dtype) for state in self._states}
+        sequence.state = {state.input_name: state.initial.copy() for state in self._states}
         self._sequences[key] = sequence
         if self._oldest:
             sequence.instance = -1  # any instance
