@@ -30,10 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edged.core.scheduler import (
-    INLINE_BUDGET_NS,
-    INLINE_MAX_INPUT_BYTES,
+    BatchRunner,
     Leaving,
-    input_bytes,
     instance_left,
     leave_instances,
 )
@@ -53,7 +51,6 @@ log = logging.getLogger(__name__)
 
 Result = Any  # InferResponse | EdgedError | None, as the backends answer
 _REJECT = 0  # ModelQueuePolicy.REJECT
-_EWMA_WEIGHT = 0.1
 
 
 @dataclass(slots=True, eq=False)
@@ -110,7 +107,6 @@ class DynamicBatcher:
         batching = config.dynamic_batching
         self._free: deque[BackendInstance] = deque(instances)
         self._leaving: dict[int, Leaving] = {}
-        self._executor = executor
         self._stats = stats
         self._batching = config.max_batch_size > 0
         self._max_batch = max(config.max_batch_size, 1)
@@ -135,8 +131,7 @@ class DynamicBatcher:
         self._timer_at = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        # Start on the pool: a first execution may be a large model, and the estimate is cheap to correct.
-        self._average_ns = float(INLINE_BUDGET_NS * 10)
+        self._runner = BatchRunner(executor, config.name)
 
     # --- requests ------------------------------------------------------------------------------------------------
 
@@ -326,43 +321,11 @@ class DynamicBatcher:
         requests = [entry.request for entry in batch]
         started = time.monotonic_ns()
         timing = ExecutionTiming()
-        execute_async = getattr(instance, "execute_async", None)
-        if execute_async is not None:
-            work: asyncio.Future[Any] = asyncio.ensure_future(execute_async(requests, timing))
-        elif self._average_ns < INLINE_BUDGET_NS and sum(map(input_bytes, requests)) <= INLINE_MAX_INPUT_BYTES:
-            begin = time.perf_counter_ns()
-            try:
-                results: list[Any] = instance.execute(requests, timing)
-            except Exception as exc:  # a backend must answer with errors, but one bug must not stall the queue
-                log.exception("execution of model '%s' failed", self._stats.name)
-                results = [EdgedError(ErrorCode.INTERNAL, str(exc))] * len(requests)
-            self._observe(time.perf_counter_ns() - begin)
+        results = self._runner.run(
+            instance, requests, timing, lambda done: self._finish(instance, batch, started, timing, done)
+        )
+        if results is not None:  # ran inline: _schedule's loop goes on (no recursion through _finish)
             self._finish(instance, batch, started, timing, results, reschedule=False)
-            return
-        else:
-            work = asyncio.get_running_loop().run_in_executor(self._executor, _timed, instance, requests, timing)
-        work.add_done_callback(lambda done: self._finished(instance, batch, started, timing, done))
-
-    def _finished(
-        self,
-        instance: BackendInstance,
-        batch: list[_Entry],
-        started: int,
-        timing: ExecutionTiming,
-        work: asyncio.Future[Any],
-    ) -> None:
-        if work.cancelled() or work.exception() is not None:
-            error = EdgedError(ErrorCode.INTERNAL, f"execution failed: {work.exception()!r}")
-            log.error("execution of model '%s' failed: %r", self._stats.name, work.exception())
-            results: list[Any] = [error] * len(batch)
-        else:
-            outcome = work.result()
-            if isinstance(outcome, tuple):  # from the pool: (results, elapsed)
-                results, elapsed = outcome
-                self._observe(elapsed)
-            else:
-                results = list(outcome)
-        self._finish(instance, batch, started, timing, results)
 
     def _finish(
         self,
@@ -391,9 +354,6 @@ class DynamicBatcher:
         if reschedule:
             self._schedule()
 
-    def _observe(self, elapsed_ns: int) -> None:
-        self._average_ns += (elapsed_ns - self._average_ns) * _EWMA_WEIGHT
-
     # --- answering -----------------------------------------------------------------------------------------------
 
     def _cancelled(self, entry: _Entry) -> None:
@@ -419,13 +379,3 @@ class DynamicBatcher:
 
 def _log_prefix(request: InferRequest) -> str:
     return f"[request id: {request.id or '<id_unknown>'}] "
-
-
-def _timed(instance: BackendInstance, requests: list[InferRequest], timing: ExecutionTiming) -> tuple[list[Any], int]:
-    start = time.perf_counter_ns()
-    try:
-        results: list[Any] = instance.execute(requests, timing)
-    except Exception as exc:  # as inline: one backend bug fails its batch, not the queue
-        log.exception("execution failed")
-        results = [EdgedError(ErrorCode.INTERNAL, str(exc))] * len(requests)
-    return results, time.perf_counter_ns() - start

@@ -22,10 +22,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from edged.core.stats import ExecutionTiming, FailureReason
-from edged.errors import EdgedError
+from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from concurrent.futures import Executor
 
     from edged.backends.base import BackendInstance
@@ -255,3 +255,62 @@ def instance_left(leaving: dict[int, Leaving], instance: BackendInstance) -> boo
     if group.remaining == 0 and not group.done.done():
         group.done.set_result(None)
     return True
+
+
+class BatchRunner:
+    """Runs a batch on an instance the way every scheduler does: inline on the loop while the model's executions
+    are shorter than a thread hand-off (and the inputs small), on the worker pool otherwise, and awaited for an
+    instance whose work is in another process. Keeps the moving average that decides."""
+
+    def __init__(self, executor: Executor, model: str) -> None:
+        self._executor = executor
+        self._model = model
+        # Start on the pool: a first execution may be a large model, and the estimate is cheap to correct.
+        self._average_ns = float(INLINE_BUDGET_NS * 10)
+
+    def run(
+        self,
+        instance: BackendInstance,
+        requests: list[InferRequest],
+        timing: ExecutionTiming,
+        done: Callable[[list[Any]], None],
+    ) -> list[Any] | None:
+        """The results when the batch ran inline (``done`` is then not called); otherwise None, and ``done``
+        gets them on the event loop when the execution ends. A backend that raises fails its batch only."""
+        execute_async = getattr(instance, "execute_async", None)
+        if execute_async is not None:
+            work: asyncio.Future[Any] = asyncio.ensure_future(execute_async(requests, timing))
+        elif self._average_ns < INLINE_BUDGET_NS and sum(map(input_bytes, requests)) <= INLINE_MAX_INPUT_BYTES:
+            results, elapsed = _run_guarded(instance, requests, timing)
+            self._observe(elapsed)
+            return results
+        else:
+            work = asyncio.get_running_loop().run_in_executor(self._executor, _run_guarded, instance, requests, timing)
+        work.add_done_callback(lambda finished: done(self._outcome(finished, len(requests))))
+        return None
+
+    def _outcome(self, work: asyncio.Future[Any], count: int) -> list[Any]:
+        if work.cancelled() or work.exception() is not None:
+            log.error("execution of model '%s' failed: %r", self._model, work.exception())
+            return [EdgedError(ErrorCode.INTERNAL, f"execution failed: {work.exception()!r}")] * count
+        outcome = work.result()
+        if isinstance(outcome, tuple):  # from the pool: (results, elapsed)
+            results, elapsed = outcome
+            self._observe(elapsed)
+            return list(results)
+        return list(outcome)
+
+    def _observe(self, elapsed_ns: int) -> None:
+        self._average_ns += (elapsed_ns - self._average_ns) * _EWMA_WEIGHT
+
+
+def _run_guarded(
+    instance: BackendInstance, requests: list[InferRequest], timing: ExecutionTiming
+) -> tuple[list[Any], int]:
+    start = time.perf_counter_ns()
+    try:
+        results: list[Any] = instance.execute(requests, timing)
+    except Exception as exc:  # a backend must answer with errors; one bug must not stall the queue behind it
+        log.exception("execution failed")
+        results = [EdgedError(ErrorCode.INTERNAL, str(exc))] * len(requests)
+    return results, time.perf_counter_ns() - start

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edged.core.inference import InferInput
-from edged.core.scheduler import INLINE_BUDGET_NS, INLINE_MAX_INPUT_BYTES, input_bytes
+from edged.core.scheduler import BatchRunner
 from edged.core.stats import ExecutionTiming, FailureReason
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import DataType, ModelSequenceBatching
@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_US = 1_000_000
 _Control = ModelSequenceBatching.Control
-_EWMA_WEIGHT = 0.1
 # Wire name and numpy type of the data types control inputs and states may use.
 _TYPES: dict[int, tuple[str, Any]] = {
     DataType.TYPE_BOOL: ("BOOL", np.bool_),
@@ -188,7 +187,6 @@ class SequenceBatcher:
         batching = config.sequence_batching
         self._instances = list(instances)
         self._busy = [False] * len(self._instances)
-        self._executor = executor
         self._stats = stats
         self._model = config.name
         self._batching = config.max_batch_size > 0
@@ -209,7 +207,7 @@ class SequenceBatcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._reaper: asyncio.TimerHandle | None = None
-        self._average_ns = float(INLINE_BUDGET_NS * 10)
+        self._runner = BatchRunner(executor, config.name)
 
     # --- requests ------------------------------------------------------------------------------------------------
 
@@ -375,42 +373,14 @@ class SequenceBatcher:
                 pending.request.inputs.append(InferInput(state.input_name, state.datatype, shape, value.reshape(shape)))
             batch.append((sequence, pending))
         self._busy[index] = True
-        instance = self._instances[index]
         requests = [pending.request for _, pending in batch]
         timing = ExecutionTiming()
         started = time.monotonic_ns()
-        execute_async = getattr(instance, "execute_async", None)
-        if execute_async is not None:
-            work: asyncio.Future[Any] = asyncio.ensure_future(execute_async(requests, timing))
-        elif self._average_ns < INLINE_BUDGET_NS and sum(map(input_bytes, requests)) <= INLINE_MAX_INPUT_BYTES:
-            begin = time.perf_counter_ns()
-            results = _safe_execute(instance, requests, timing)
-            self._average_ns += (time.perf_counter_ns() - begin - self._average_ns) * _EWMA_WEIGHT
+        results = self._runner.run(
+            self._instances[index], requests, timing, lambda done: self._finish(index, batch, started, timing, done)
+        )
+        if results is not None:  # ran inline: finish on the next turn, so _schedule's loop is not re-entered
             asyncio.get_running_loop().call_soon(self._finish, index, batch, started, timing, results)
-            return
-        else:
-            work = asyncio.get_running_loop().run_in_executor(self._executor, _timed, instance, requests, timing)
-        work.add_done_callback(lambda done: self._finished(index, batch, started, timing, done))
-
-    def _finished(
-        self,
-        index: int,
-        batch: list[tuple[_Sequence, _Pending]],
-        started: int,
-        timing: ExecutionTiming,
-        work: asyncio.Future[Any],
-    ) -> None:
-        if work.cancelled() or work.exception() is not None:
-            error = EdgedError(ErrorCode.INTERNAL, f"execution failed: {work.exception()!r}")
-            results: list[Any] = [error] * len(batch)
-        else:
-            outcome = work.result()
-            if isinstance(outcome, tuple):
-                results, elapsed = outcome
-                self._average_ns += (elapsed - self._average_ns) * _EWMA_WEIGHT
-            else:
-                results = list(outcome)
-        self._finish(index, batch, started, timing, results)
 
     def _finish(
         self,
@@ -471,18 +441,3 @@ class SequenceBatcher:
         if self._sequences:
             self._arm_reaper()
         self._schedule()
-
-
-def _safe_execute(instance: BackendInstance, requests: list[InferRequest], timing: ExecutionTiming) -> list[Any]:
-    try:
-        results: list[Any] = instance.execute(requests, timing)
-    except Exception as exc:  # a backend bug fails its batch, never the sequences behind it
-        log.exception("execution failed")
-        results = [EdgedError(ErrorCode.INTERNAL, str(exc))] * len(requests)
-    return results
-
-
-def _timed(instance: BackendInstance, requests: list[InferRequest], timing: ExecutionTiming) -> tuple[list[Any], int]:
-    start = time.perf_counter_ns()
-    results = _safe_execute(instance, requests, timing)
-    return results, time.perf_counter_ns() - start
