@@ -76,81 +76,94 @@ def _invalid(message: str) -> EdgedError:
 
 
 def validate_request(signature: ModelSignature, request: InferRequest) -> None:
-    """Raise INVALID_ARG naming what is wrong; on success every input has ``data`` and ``batch_size`` is set."""
+    """Raise INVALID_ARG naming what is wrong; on success every input has ``data`` and ``batch_size`` is set.
+
+    Every request passes here, so the common case is kept to plain comparisons: messages (and the request-id
+    prefix they start with) are only built for a request that fails."""
     model = signature.model_name
-    prefix = request_prefix(request)
+    inputs = request.inputs
     seen: set[str] = set()
-    for tensor in request.inputs:
+    for tensor in inputs:
         if tensor.name in seen:
-            raise _invalid(f"{prefix}input '{tensor.name}' already exists in request")
+            raise _invalid(f"{request_prefix(request)}input '{tensor.name}' already exists in request")
         seen.add(tensor.name)
-        _check_shape(tensor, model, prefix)
+        _check_shape(tensor, model, request)
     if request.outputs is not None:
         for output in request.outputs:
             if output.name not in signature.outputs:
                 raise _invalid(f"unexpected inference output '{output.name}' for model '{model}'")
-    count = len(request.inputs)
+    count = len(inputs)
     if count > len(signature.inputs) or count < len(signature.required_inputs):
-        raise _invalid(_input_count_message(signature, request, prefix))
+        raise _invalid(_input_count_message(signature, request, request_prefix(request)))
     specs: list[TensorSpec] = []
-    for tensor in request.inputs:
+    for tensor in inputs:
         spec = signature.inputs.get(tensor.name)
         if spec is None:
             raise _invalid(f"unexpected inference input '{tensor.name}' for model '{model}'")
         specs.append(spec)
-    if len(seen & set(signature.required_inputs)) < len(signature.required_inputs):
-        raise _invalid(_input_count_message(signature, request, prefix))
+    if not seen.issuperset(signature.required_inputs):
+        raise _invalid(_input_count_message(signature, request, request_prefix(request)))
 
     batching = signature.max_batch_size > 0
     if batching:
         batch_size = -1
-        for tensor in request.inputs:
+        for tensor in inputs:
             if not tensor.shape:
                 raise _invalid(
-                    f"{prefix}input '{tensor.name}' has no shape but model requires batch dimension for '{model}'"
+                    f"{request_prefix(request)}input '{tensor.name}' has no shape but model requires batch dimension "
+                    f"for '{model}'"
                 )
             if batch_size < 0:
                 batch_size = tensor.shape[0]
             elif tensor.shape[0] != batch_size:
-                raise _invalid(f"{prefix}input '{tensor.name}' batch size does not match other inputs for '{model}'")
+                raise _invalid(
+                    f"{request_prefix(request)}input '{tensor.name}' batch size does not match other inputs for "
+                    f"'{model}'"
+                )
         if batch_size > signature.max_batch_size:
-            raise _invalid(f"{prefix}inference request batch-size must be <= {signature.max_batch_size} for '{model}'")
+            raise _invalid(
+                f"{request_prefix(request)}inference request batch-size must be <= {signature.max_batch_size} for "
+                f"'{model}'"
+            )
         request.batch_size = max(batch_size, 0)
 
-    for tensor, spec in zip(request.inputs, specs, strict=True):
+    for tensor, spec in zip(inputs, specs, strict=True):
         if tensor.datatype != spec.datatype:
             raise _invalid(
-                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', but model '{model}' "
-                f"expects '{spec.datatype}'"
+                f"{request_prefix(request)}inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
+                f"model '{model}' expects '{spec.datatype}'"
             )
         shape = tensor.shape[1:] if batching else tensor.shape
-        if not _dims_match(shape, spec.dims):
+        if shape != spec.dims and not _dims_match(shape, spec.dims):
             expected = ((-1,) if batching else ()) + spec.dims
             raise _invalid(
-                f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
+                f"{request_prefix(request)}unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
                 f"{format_shape(expected)}, got {format_shape(tensor.shape)}.{_BATCH_NOTE if batching else ' '}"
             )
         if tensor.data is None:
-            tensor.data = _from_raw(tensor, model, prefix)
+            tensor.data = _from_raw(tensor, model, request)
         elif tensor.data.size != element_count(tensor.shape):
             raise _invalid(
-                f"{prefix}unexpected number of elements for input '{tensor.name}' for model '{model}'. Expected "
-                f"{element_count(tensor.shape)}, got {tensor.data.size}"
+                f"{request_prefix(request)}unexpected number of elements for input '{tensor.name}' for model "
+                f"'{model}'. Expected {element_count(tensor.shape)}, got {tensor.data.size}"
             )
 
 
-def _check_shape(tensor: InferInput, model: str, prefix: str) -> None:
+def _check_shape(tensor: InferInput, model: str, request: InferRequest) -> None:
     """Every dimension given and sane: gRPC shapes are int64, so a client can send -1 or 2**62."""
-    if any(d < 0 for d in tensor.shape):
+    shape = tensor.shape
+    if not shape:
+        return
+    if min(shape) < 0:
         raise _invalid(
-            f"{prefix}All input dimensions should be specified for input '{tensor.name}' for model '{model}', "
-            f"got {format_shape(tensor.shape)}"
+            f"{request_prefix(request)}All input dimensions should be specified for input '{tensor.name}' for model "
+            f"'{model}', got {format_shape(shape)}"
         )
     # Counted without zeros: a zero-sized tensor must still have dimensions numpy can represent.
-    if math.prod(d for d in tensor.shape if d) > MAX_ELEMENTS:
+    if math.prod(shape) > MAX_ELEMENTS or (0 in shape and math.prod(d for d in shape if d) > MAX_ELEMENTS):
         raise _invalid(
-            f"{prefix}input '{tensor.name}' for model '{model}' has shape {format_shape(tensor.shape)}, more than "
-            f"{MAX_ELEMENTS} elements"
+            f"{request_prefix(request)}input '{tensor.name}' for model '{model}' has shape {format_shape(shape)}, "
+            f"more than {MAX_ELEMENTS} elements"
         )
 
 
@@ -169,20 +182,20 @@ def _input_count_message(signature: ModelSignature, request: InferRequest, prefi
     )
 
 
-def _from_raw(tensor: InferInput, model: str, prefix: str) -> np.ndarray[Any, Any]:
+def _from_raw(tensor: InferInput, model: str, request: InferRequest) -> np.ndarray[Any, Any]:
     raw = tensor.raw if tensor.raw is not None else b""
     count = element_count(tensor.shape)
     if tensor.datatype == "BYTES":
         elements = deserialize_bytes_tensor(raw, tensor.name, count)
         if len(elements) > count:
             raise _invalid(
-                f"{prefix}unexpected number of string elements {len(elements)} for inference input "
+                f"{request_prefix(request)}unexpected number of string elements {len(elements)} for inference input "
                 f"'{tensor.name}' for model '{model}', expecting {count}"
             )
         if len(elements) < count:
             raise _invalid(
-                f"{prefix}expected {count} string elements for inference input '{tensor.name}' for model "
-                f"'{model}', got {len(elements)}"
+                f"{request_prefix(request)}expected {count} string elements for inference input '{tensor.name}' for "
+                f"model '{model}', got {len(elements)}"
             )
         return bytes_array(elements, tensor.shape)
     size = element_size(tensor.datatype)
@@ -192,8 +205,8 @@ def _from_raw(tensor: InferInput, model: str, prefix: str) -> np.ndarray[Any, An
     expected = count * size
     if len(raw) != expected:
         raise _invalid(
-            f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. Expected "
-            f"{expected}, got {len(raw)}"
+            f"{request_prefix(request)}input byte size mismatch for input '{tensor.name}' for model '{model}'. "
+            f"Expected {expected}, got {len(raw)}"
         )
     return np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
 
