@@ -23,6 +23,14 @@ With ``--batching`` it measures dynamic batching instead, on the ResNet-50-shape
    16 with batch-1 requests (HTTP unless ``--protocols`` says otherwise). The servers' statistics give the mean
    batch they executed.
 
+With ``--python`` it measures what a Python-backend model costs: the repository's add_sub_python
+(tests/testdata/python_models/add_sub_python, Triton's add_sub example as model.py, two instances) against the
+ONNX add_sub with as many instances, both on edged (each Python request crosses to a stub process and back), and
+against Triton's own Python backend serving the same model.py (where it passes response parameters, it does
+so only when there are some, as Triton 2.51 requires) and config.pbtxt. perf_analyzer drives each at
+concurrency 1, 8 and 16 with batch-1 requests (HTTP unless ``--protocols`` says otherwise). Its results go under
+the ``python`` key of bench-results.json, beside what other runs left there.
+
 Run it through ``scripts/bench``, which sets up the checkout first::
 
     scripts/bench                       # add_sub and resnet50, every protocol, concurrency 1, 8, 16
@@ -32,6 +40,8 @@ Run it through ``scripts/bench``, which sets up the checkout first::
     scripts/bench --skip-shm            # no shared-memory rows
     scripts/bench --batching            # dynamic batching and instance counts on resnet50 (about 10 minutes)
     scripts/bench --batching --quick    # the same at concurrency 1 and 8, short windows
+    scripts/bench --python              # Python-backend add_sub against the ONNX one and Triton (a few minutes)
+    scripts/bench --python --quick      # the same with short windows
 
 perf_analyzer 2.60 loads the CUDA runtime (libcudart) whenever it runs with shared memory, even system shared
 memory, and stops when it cannot. Loading the library needs no GPU, so before the first shared-memory run the
@@ -1116,6 +1126,110 @@ def in_process_table(results: dict[int, Measurement]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------
+# the Python backend (--python)
+
+# The repository's Python add_sub model (Triton's add_sub example as model.py), copied unchanged into both servers'
+# repositories: what edged's stub hop costs against the ONNX add_sub, and against Triton's own Python backend.
+PYTHON_MODEL_SOURCE: Final = ROOT / "tests" / "testdata" / "python_models" / "add_sub_python"
+PYTHON_MODEL: Final = PYTHON_MODEL_SOURCE.name
+ONNX_MODEL: Final = "add_sub"
+# add_sub_python's model.py passes parameters= to every InferenceResponse (empty unless a request asks it to echo
+# its args, which the benchmark never does); Triton 2.51's Python backend accepts no such argument. Both servers get
+# the copy in which it is passed only when there are some: the same file, and the same work for every request here.
+RESPONSE_PARAMETERS: Final = re.compile(r"(InferenceResponse\(.*), parameters=parameters\)")
+RESPONSE_PARAMETERS_251: Final = r'\1, **({"parameters": parameters} if parameters else {}))'
+
+
+def python_models(quick: bool) -> list[BenchModel]:
+    """add_sub_python and the ONNX add_sub: the same contract (FP32 [16] in and out, max_batch_size 8)."""
+    add_sub_bytes = 16 * 4  # OUTPUT0 and OUTPUT1: FP32 [16]
+    seconds, window_ms = (2.0, 1000) if quick else (5.0, 3000)
+    return [BenchModel(name, seconds, window_ms, add_sub_bytes, _add_sub_inputs) for name in (PYTHON_MODEL, ONNX_MODEL)]
+
+
+def prepare_python_models(onnx: BenchModel) -> int:
+    """Copies add_sub_python into edged's and Triton's repositories and writes the ONNX add_sub into edged's, with
+    as many instances as add_sub_python's config gives; returns that count."""
+    config = (PYTHON_MODEL_SOURCE / modelgen.CONFIG_FILENAME).read_text(encoding="utf-8")
+    counts = re.findall(r"\bcount:\s*(\d+)", config)
+    if len(counts) != 1:
+        raise RuntimeError(f"expected one instance_group count in {PYTHON_MODEL_SOURCE / modelgen.CONFIG_FILENAME}")
+    instances = int(counts[0])
+    generate_models([onnx])
+    for repo in (EDGED_REPO, TRITON_REPO):
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.copytree(PYTHON_MODEL_SOURCE, repo / PYTHON_MODEL, ignore=shutil.ignore_patterns("__pycache__"))
+        model_py = repo / PYTHON_MODEL / "1" / "model.py"
+        code = model_py.read_text(encoding="utf-8")
+        model_py.write_text(RESPONSE_PARAMETERS.sub(RESPONSE_PARAMETERS_251, code), encoding="utf-8")
+    source = MODEL_STORE / onnx.name
+    target = EDGED_REPO / onnx.name
+    (target / "1").mkdir(parents=True)
+    onnx_config = (source / modelgen.CONFIG_FILENAME).read_text(encoding="utf-8") + _instance_group(instances)
+    (target / modelgen.CONFIG_FILENAME).write_text(onnx_config, encoding="utf-8")
+    _link_model_file(source, target)
+    return instances
+
+
+PYTHON_HEADER: Final = (
+    "conc",
+    "protocol",
+    "edged Python infer/s",
+    "edged Python p50 us",
+    "Triton Python infer/s",
+    "Triton Python p50 us",
+    "edged ONNX infer/s",
+    "edged ONNX p50 us",
+    "edged Python/Triton Python",
+    "edged Python/edged ONNX",
+    "stub hop p50 us",
+)
+PYTHON_TEXT_COLUMNS: Final = 2
+
+
+def _p50_difference(a: Measurement, b: Measurement) -> str:
+    """How much longer ``a``'s median request takes than ``b``'s."""
+    if a.p50_us is None or b.p50_us is None:
+        return "-"
+    difference = f"{a.p50_us - b.p50_us:+,.0f}"
+    return difference if a.stable and b.stable else f"~{difference}"
+
+
+def python_table(rows: Sequence[tuple[Row, Row]]) -> str:
+    """One line per concurrency and protocol from pairs of rows: add_sub_python (edged and Triton), ONNX add_sub."""
+    body = [
+        (
+            str(python.concurrency),
+            python.protocol,
+            _fmt_measured(python.edged),
+            _fmt_us(python.edged.p50_us, python.edged.stable),
+            _fmt_measured(python.triton),
+            _fmt_us(python.triton.p50_us, python.triton.stable),
+            _fmt_measured(onnx.edged),
+            _fmt_us(onnx.edged.p50_us, onnx.edged.stable),
+            _fmt_ratio(python.edged, python.triton),
+            _fmt_ratio(python.edged, onnx.edged),
+            _p50_difference(python.edged, onnx.edged),
+        )
+        for python, onnx in rows
+    ]
+    return _markdown(PYTHON_HEADER, body, PYTHON_TEXT_COLUMNS)
+
+
+def save_results(key: str, value: dict[str, Any]) -> None:
+    """Puts ``value`` under ``key`` in bench-results.json and keeps the file's other keys (other phases' results)."""
+    results: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        existing = json.loads(RESULTS_FILE.read_text(encoding="utf-8"))
+        if isinstance(existing, dict):
+            results = existing
+    results[key] = value
+    staged = RESULTS_FILE.with_name(f".{RESULTS_FILE.name}.tmp")
+    staged.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    staged.replace(RESULTS_FILE)
+
+
+# --------------------------------------------------------------------------------------------------------
 # main
 
 
@@ -1129,11 +1243,18 @@ def _protocols(text: str) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="add_sub only, short measurements")
-    parser.add_argument(
+    parser.add_argument("--quick", action="store_true", help="short measurements (by default: add_sub only)")
+    phase = parser.add_mutually_exclusive_group()
+    phase.add_argument(
         "--batching",
         action="store_true",
         help="only the dynamic-batching comparison on resnet50 (HTTP unless --protocols says otherwise)",
+    )
+    phase.add_argument(
+        "--python",
+        action="store_true",
+        help="only the Python-backend comparison: add_sub_python against the ONNX add_sub and Triton's Python "
+        "backend (HTTP unless --protocols says otherwise)",
     )
     parser.add_argument("--skip-triton", action="store_true", help="do not measure Triton")
     parser.add_argument(
@@ -1141,7 +1262,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_protocols,
         default=None,
         metavar="http,grpc",
-        help="the protocols to measure (default: both; --batching: http); grpc includes streaming",
+        help="the protocols to measure (default: both; --batching and --python: http); grpc includes streaming",
     )
     parser.add_argument("--skip-shm", action="store_true", help="do not measure with system shared memory")
     args = parser.parse_args(argv)
@@ -1150,8 +1271,8 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.monotonic()
     models = bench_models(args.quick)
-    if args.batching:
-        # Unary calls without shared memory: batching is about the server, not about how tensors travel.
+    if args.batching or args.python:
+        # Unary calls without shared memory: these phases are about the server, not about how tensors travel.
         protocols = args.protocols or ("http",)
         modes = [m for m in MODES if m.protocol in protocols and not m.streaming and not m.shared_memory]
     else:
@@ -1167,7 +1288,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{machine['cpus']} CPUs ({machine['cpu_model']}), onnxruntime {ort.__version__}")
 
     BENCH_DIR.mkdir(exist_ok=True)
-    if not args.batching:
+    if not (args.batching or args.python):
         prepare_models(models)
 
     load: LoadGenerator
@@ -1194,6 +1315,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"load generator: {load.description}; protocols: {', '.join(measured)}")
     if args.batching:
         return run_batching(args.quick, args.skip_triton, modes, load, machine, argv, began)
+    if args.python:
+        return run_python(args.quick, args.skip_triton, modes, load, machine, argv, began)
     rows = {(m.name, p.name, c): Row(m.name, c, p.name) for m in models for p in modes for c in CONCURRENCIES}
 
     retries = Retries(RETRY_BUDGET_S / 4 if args.quick else RETRY_BUDGET_S)
@@ -1435,6 +1558,109 @@ def run_batching(
         encoding="utf-8",
     )
     print(f"results: {RESULTS_FILE.relative_to(ROOT)} ({time.monotonic() - began:.0f} s)")
+    return 1 if errors else 0
+
+
+def run_python(
+    quick: bool,
+    skip_triton: bool,
+    modes: Sequence[Mode],
+    load: LoadGenerator,
+    machine: dict[str, Any],
+    argv: list[str] | None,
+    began: float,
+) -> int:
+    """The Python-backend phase: add_sub_python against the ONNX add_sub on edged (the cost of the stub hop), and
+    against Triton's Python backend serving the same model.py and config.pbtxt."""
+    models = python_models(quick)
+    python, onnx = models
+    instances = prepare_python_models(onnx)
+    retries = Retries(RETRY_BUDGET_S / 4 if quick else RETRY_BUDGET_S)
+    rows = {(m.name, mode.name, c): Row(m.name, c, mode.name) for m in models for mode in modes for c in CONCURRENCIES}
+    shm = SharedMemory()  # not used: these rows send tensors over the socket
+
+    busy: dict[str, float] = {}
+    ports = free_ports()
+    busy["edged"] = check_idle("edged")
+    measure_server("edged", edged_command(ports), ports, models, modes, load, rows, shm, retries)
+    triton_note = None
+    if skip_triton:
+        triton_note = "skipped (--skip-triton)"
+    elif not TRITON_REFERENCE.is_file():
+        triton_note = f"skipped ({TRITON_REFERENCE} not found)"
+    else:
+        ports = free_ports()
+        busy["triton"] = check_idle("triton")
+        measure_server("triton", triton_command(ports), ports, [python], modes, load, rows, shm, retries)
+        triton_note = "Triton 2.51 (CPU build), Python backend, the same model.py and config.pbtxt as edged's"
+
+    pairs = [(rows[python.name, mode.name, c], rows[onnx.name, mode.name, c]) for c in CONCURRENCIES for mode in modes]
+    measured = [m for python_row, onnx_row in pairs for m in (python_row.edged, python_row.triton, onnx_row.edged)]
+    print()
+    print(python_table(pairs))
+    print()
+    print(f"machine: {machine['cpus']} CPUs, {machine['cpu_model']}; onnxruntime {ort.__version__}")
+    print(f"servers: {load.description}; conc = requests in flight (perf_analyzer --concurrency-range)")
+    print(
+        f"models: {python.name} ({PYTHON_MODEL_SOURCE.relative_to(ROOT)}: Triton's add_sub example as model.py) and "
+        f"the ONNX {onnx.name} (scripts/modelgen.py); FP32 [1,16] inputs, max_batch_size 8, no dynamic batching, "
+        f"instance_group count {instances} (KIND_CPU) each"
+    )
+    print("stub hop p50 us: edged Python p50 minus edged ONNX p50")
+    if machine["edged"]:
+        print(f"edged: {machine['edged']}")
+    if triton_note:
+        print(f"Triton: {triton_note}")
+    if any(not m.stable for m in measured):
+        print("~: perf_analyzer found no three windows within 10%; mean of its last three windows, p99 unknown")
+    disturbed = [m for m in measured if m.disturbed]
+    if disturbed:
+        print(
+            f"!: other processes used more than {BUSY_WARNING:.0%} of the CPU during that measurement "
+            f"({len(disturbed)} of them); those figures are likely low: measure them again"
+        )
+    if any(share > BUSY_WARNING for share in busy.values()):
+        print(
+            "warning: other processes used the CPU before "
+            + ", ".join(f"{phase} ({share:.0%})" for phase, share in busy.items() if share > BUSY_WARNING)
+        )
+    errors = [
+        f"{row.model} {row.protocol} c={row.concurrency} {label}: {m.error}"
+        for python_row, onnx_row in pairs
+        for row, label, m in (
+            (python_row, "edged", python_row.edged),
+            (python_row, "triton", python_row.triton),
+            (onnx_row, "edged", onnx_row.edged),
+        )
+        if m.error
+    ]
+    for error in errors:
+        print(f"failed: {error}")
+
+    save_results(
+        "python",
+        {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": machine,
+            "load_generator": load.description,
+            "protocols": [m.name for m in modes],
+            "triton": triton_note,
+            "instances": instances,
+            "cpu_busy_before": busy,
+            "rows": [
+                {
+                    "concurrency": python_row.concurrency,
+                    "protocol": python_row.protocol,
+                    "edged_python": asdict(python_row.edged),
+                    "triton_python": asdict(python_row.triton),
+                    "edged_onnx": asdict(onnx_row.edged),
+                }
+                for python_row, onnx_row in pairs
+            ],
+        },
+    )
+    print(f"results: {RESULTS_FILE.relative_to(ROOT)}, key python ({time.monotonic() - began:.0f} s)")
     return 1 if errors else 0
 
 
