@@ -1133,11 +1133,6 @@ def in_process_table(results: dict[int, Measurement]) -> str:
 PYTHON_MODEL_SOURCE: Final = ROOT / "tests" / "testdata" / "python_models" / "add_sub_python"
 PYTHON_MODEL: Final = PYTHON_MODEL_SOURCE.name
 ONNX_MODEL: Final = "add_sub"
-# add_sub_python's model.py passes parameters= to every InferenceResponse (empty unless a request asks it to echo
-# its args, which the benchmark never does); Triton 2.51's Python backend accepts no such argument. Both servers get
-# the copy in which it is passed only when there are some: the same file, and the same work for every request here.
-RESPONSE_PARAMETERS: Final = re.compile(r"(InferenceResponse\(.*), parameters=parameters\)")
-RESPONSE_PARAMETERS_251: Final = r'\1, **({"parameters": parameters} if parameters else {}))'
 
 
 def python_models(quick: bool) -> list[BenchModel]:
@@ -1159,9 +1154,6 @@ def prepare_python_models(onnx: BenchModel) -> int:
     for repo in (EDGED_REPO, TRITON_REPO):
         shutil.rmtree(repo, ignore_errors=True)
         shutil.copytree(PYTHON_MODEL_SOURCE, repo / PYTHON_MODEL, ignore=shutil.ignore_patterns("__pycache__"))
-        model_py = repo / PYTHON_MODEL / "1" / "model.py"
-        code = model_py.read_text(encoding="utf-8")
-        model_py.write_text(RESPONSE_PARAMETERS.sub(RESPONSE_PARAMETERS_251, code), encoding="utf-8")
     source = MODEL_STORE / onnx.name
     target = EDGED_REPO / onnx.name
     (target / "1").mkdir(parents=True)

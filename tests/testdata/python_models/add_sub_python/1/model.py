@@ -30,7 +30,12 @@ class TritonPythonModel:
                 # together overlap and reach both instances.
                 time.sleep(0.05)
                 parameters = {key: value for key, value in self.args.items() if key != "model_config"}
-            responses.append(pb_utils.InferenceResponse(output_tensors=[out_tensor_0, out_tensor_1], parameters=parameters))
+            tensors = [out_tensor_0, out_tensor_1]
+            # Only with parameters to return: Triton 2.51's InferenceResponse takes no parameters argument.
+            if parameters:
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors, parameters=parameters))
+            else:
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
 
     def finalize(self):
