@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import json
 import logging
 import threading
 import time
@@ -20,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edged.backends.python import ipc, shm
+from edged.backends.python.messages import read_response, request_spec
 from edged.backends.python.process import StubGone, StubProcess
+from edged.backends.python.server_calls import ServerCalls
 from edged.core.datatypes import WIRE_NAME_BY_CONFIG
-from edged.core.inference import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput, StreamResponse
+from edged.core.inference import InferRequest, InferResponse, StreamResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edged.backends.python")
 
-# Request parameters that are request fields in Triton's API rather than entries of parameters().
-_RESERVED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"})
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 # How often a model's own is_ready() is asked again, at most (readiness is answered from the last reply).
 _READY_REFRESH_S = 0.5
@@ -111,7 +110,8 @@ class PythonInstance:
         self._rids = itertools.count(1)
         self._batches: dict[int, _Batch] = {}
         self._streams: dict[int, InferRequest] = {}
-        self._bls: dict[int, asyncio.Task[None]] = {}
+        # BLS requests and model-management calls from the model (to whichever stub is current).
+        self._calls = ServerCalls(name, state.host, lambda: self._stub)
         self._has_is_ready = False
         self._user_ready = True
         self._ready_asked = 0.0
@@ -270,7 +270,7 @@ class PythonInstance:
         for request in requests:
             rid = next(self._rids)
             rids.append(rid)
-            specs.append(self._request_spec(request, rid, tensors))
+            specs.append(request_spec(request, rid, tensors))
         try:
             stub.send({"t": "execute", "batch": batch_id, "requests": specs}, tensors)
         except (ValueError, shm.RingFull) as exc:
@@ -303,38 +303,6 @@ class PythonInstance:
             return  # its batches fail once the process is gone
         self._watchdog = self._loop.call_later(left_ns / 1e9, self._check_timeout)
 
-    def _request_spec(self, request: InferRequest, rid: int, tensors: ipc.TensorWriter) -> ipc.RequestMsg:
-        inputs: list[ipc.TensorDesc] = []
-        for tensor in request.inputs:
-            shape = list(tensor.shape)
-            if tensor.datatype == "BYTES" and tensor.raw is not None:
-                # Already in the binary form the stub reads: no need to serialise the elements again.
-                inputs.append(tensors.add(tensor.name, "BYTES", shape, tensor.raw))
-            else:
-                assert tensor.data is not None  # validation decodes every input
-                inputs.append(tensors.add(tensor.name, tensor.datatype, shape, tensor.data))
-        # Fields at their default value stay out of the message (the stub fills them in).
-        spec: ipc.RequestMsg = {"rid": rid, "inputs": inputs}
-        if request.id:
-            spec["id"] = request.id
-        if request.outputs:
-            spec["outputs"] = [o.name for o in request.outputs]
-        params = request.parameters
-        if params:
-            flags = (1 if params.get("sequence_start") else 0) | (2 if params.get("sequence_end") else 0)
-            timeout = params.get("timeout", 0)
-            sequence_id = params.get("sequence_id", 0)
-            other = {key: value for key, value in params.items() if key not in _RESERVED}
-            if flags:
-                spec["flags"] = flags
-            if sequence_id and isinstance(sequence_id, (int, str)):
-                spec["correlation_id"] = sequence_id
-            if timeout and isinstance(timeout, (int, float)):
-                spec["timeout"] = int(timeout)
-            if other:
-                spec["parameters"] = json.dumps(other)
-        return spec
-
     def _cancel(self, rid: int) -> None:
         if self._stub is not None and not self._stub.gone and (rid in self._streams or self._in_batch(rid)):
             self._stub.send({"t": "cancel", "rid": rid})
@@ -353,13 +321,11 @@ class PythonInstance:
         elif kind == "response":
             self._on_response(message, payload)
         elif kind == "bls":
-            self._on_bls(message, payload)
+            self._calls.on_bls(message, payload)
         elif kind == "bls_cancel":
-            task = self._bls.get(int(message["call"]))
-            if task is not None:
-                task.cancel()
+            self._calls.cancel(int(message["call"]))
         elif kind == "call":
-            self._on_call(message, payload)
+            self._calls.on_call(message, payload)
         elif kind == "log":
             stub_log(self._name, message)
         elif kind == "metric":
@@ -417,31 +383,9 @@ class PythonInstance:
     def _response(
         self, request: InferRequest, spec: ipc.ResponseMsg, payload: memoryview | None
     ) -> InferResponse | EdgedError:
-        error = spec.get("error")
-        if error is not None:
-            code = ErrorCode.__members__.get(str(error.get("code")), ErrorCode.INTERNAL)
-            return EdgedError(code, str(error.get("msg", "")))
         stub = self._stub
         assert stub is not None
-        outputs: list[InferOutput] = []
-        for desc in spec.get("outputs", []):
-            name, datatype = desc["n"], desc["d"]
-            expected = self._state.output_types.get(name)
-            if expected is None:
-                declared = ", ".join(self._state.output_names)
-                return self._error(
-                    f"output '{name}' is not an output of model '{self._model_name}'; its outputs are: {declared}"
-                )
-            if datatype != expected:
-                return self._error(
-                    f"output '{name}' of model '{self._model_name}' is {datatype}, but the model configuration "
-                    f"declares {_config_type(expected)}"
-                )
-            # Copied out of the stub's ring (or the packet), which is reused as soon as this message is read.
-            array = ipc.read_tensor(stub.consumer, desc, copy=True, payload=payload)
-            outputs.append(InferOutput(name, datatype, tuple(array.shape), array))
-        parameters = spec.get("parameters") or {}
-        return InferResponse(request.model_name, str(request.model_version), request.id, outputs, dict(parameters))
+        return read_response(request, spec, payload, stub.consumer, self._state, self._error)
 
     def _on_response(self, message: dict[str, Any], payload: memoryview | None) -> None:
         rid = int(message["rid"])
@@ -472,143 +416,6 @@ class PythonInstance:
         request = self._streams.pop(rid, None)
         if request is not None and request.stream is not None:
             request.stream.put(StreamResponse(None, error, final=True))
-
-    # --- BLS and the model-management calls ---------------------------------------------------------------------
-
-    def _on_bls(self, message: dict[str, Any], payload: memoryview | None) -> None:
-        call = int(message["call"])
-        spec: ipc.RequestMsg = message["request"]
-        stub = self._stub
-        assert stub is not None
-        block = stub.consumer.hold(int(message["blk"][1])) if "blk" in message else None
-        try:
-            inputs = [
-                InferInput(d["n"], d["d"], tuple(d["s"]), ipc.read_tensor(stub.consumer, d, copy=True, payload=payload))
-                for d in spec.get("inputs", [])
-            ]
-        finally:
-            if block is not None:
-                block.release()
-        parameters: dict[str, Any] = json.loads(spec.get("parameters") or "{}")
-        correlation = spec.get("correlation_id", 0)
-        if correlation:
-            parameters["sequence_id"] = correlation
-        flags = int(spec.get("flags", 0))
-        if flags & 1:
-            parameters["sequence_start"] = True
-        if flags & 2:
-            parameters["sequence_end"] = True
-        names = spec.get("outputs", [])
-        request = InferRequest(
-            model_name=str(spec.get("model_name", "")),
-            model_version=int(spec.get("model_version", -1)),
-            id=str(spec.get("id", "")),
-            inputs=inputs,
-            outputs=[RequestedOutput(n) for n in names] if names else None,
-            parameters=parameters,
-        )
-        task = asyncio.ensure_future(self._run_bls(call, request, bool(message.get("decoupled"))))
-        self._bls[call] = task
-        task.add_done_callback(lambda _: self._bls.pop(call, None))
-
-    async def _run_bls(self, call: int, request: InferRequest, decoupled: bool) -> None:
-        server = self._state.host
-        final_sent = False
-        try:
-            if server is None:
-                raise EdgedError(ErrorCode.UNAVAILABLE, "BLS is only available inside the daemon")
-            if decoupled:
-                async for item in server.infer_stream(request):
-                    self._send_bls(call, item.response, item.error, item.final)
-                    final_sent = item.final
-            else:
-                self._send_bls(call, await server.infer(request), None, True)
-                final_sent = True
-        except EdgedError as exc:
-            self._send_bls(call, None, exc, True)
-            final_sent = True
-        except asyncio.CancelledError:
-            self._send_bls(call, None, EdgedError(ErrorCode.CANCELLED, "the BLS request was cancelled"), True)
-            final_sent = True
-        except Exception:
-            log.exception("BLS request from model instance '%s' failed", self._name)
-            self._send_bls(call, None, EdgedError(ErrorCode.INTERNAL, "internal error"), True)
-            final_sent = True
-        if not final_sent:
-            self._send_bls(call, None, None, True)
-
-    def _send_bls(self, call: int, response: InferResponse | None, error: EdgedError | None, final: bool) -> None:
-        stub = self._stub
-        if stub is None or stub.gone:
-            return
-        tensors = ipc.TensorWriter()
-        spec: ipc.ResponseMsg = {}
-        if error is not None:
-            spec["error"] = {"msg": ipc.cut(error.message), "code": error.code.name}
-        elif response is not None:
-            spec["outputs"] = [tensors.add(o.name, o.datatype, list(o.shape), o.data) for o in response.outputs]
-            if response.parameters:
-                spec["parameters"] = dict(response.parameters)
-        try:
-            stub.send({"t": "bls_response", "call": call, "response": spec, "final": final}, tensors)
-        except (ValueError, shm.RingFull) as exc:
-            stub.send(
-                {
-                    "t": "bls_response",
-                    "call": call,
-                    "response": {"error": {"msg": str(exc), "code": "INTERNAL"}},
-                    "final": True,
-                }
-            )
-
-    def _on_call(self, message: dict[str, Any], payload: memoryview | None) -> None:
-        """load_model, unload_model and is_model_ready from a model. Loads and unloads take time: they run as
-        tasks and answer when done, while the model thread that asked waits for the answer."""
-        stub = self._stub
-        assert stub is not None
-        call, op, args = int(message["call"]), message.get("op"), message.get("args") or {}
-        server = self._state.host
-        if op == "is_model_ready":
-            version = str(args.get("model_version") or "")
-            valid = server is not None and (not version or version.isdigit())
-            number = int(version) if version else -1
-            ready = bool(valid and server is not None and server.model_ready(str(args.get("model_name")), number))
-            stub.send({"t": "call_done", "call": call, "result": ready})
-            return
-        if op not in ("load_model", "unload_model") or server is None:
-            stub.send({"t": "call_done", "call": call, "error": f"unknown call '{op}'"})
-            return
-        # Override files travel as UINT8 tensors named after their "file:<version>/<path>" keys.
-        block = stub.consumer.hold(int(message["blk"][1])) if "blk" in message else None
-        try:
-            files = {
-                d["n"].removeprefix("file:"): ipc.read_tensor(stub.consumer, d, copy=True, payload=payload).tobytes()
-                for d in args.get("files", [])
-            }
-        finally:
-            if block is not None:
-                block.release()
-        name = str(args.get("model_name", ""))
-        if op == "load_model":
-            work = server.load_model(name, str(args.get("config") or "") or None, files)
-        else:
-            work = server.unload_model(name, bool(args.get("unload_dependents")))
-        task = asyncio.ensure_future(work)
-        task.add_done_callback(functools.partial(self._call_done, call))
-
-    def _call_done(self, call: int, task: asyncio.Future[None]) -> None:
-        stub = self._stub
-        if stub is None or stub.gone:
-            return
-        reply: dict[str, Any] = {"t": "call_done", "call": call}
-        if task.cancelled():
-            reply["error"] = "the call was cancelled"
-        elif isinstance(exc := task.exception(), EdgedError):
-            reply["error"] = exc.message
-        elif exc is not None:
-            log.error("%s of model instance '%s' failed: %r", "load/unload", self._name, exc)
-            reply["error"] = str(exc)
-        stub.send(reply)
 
     # --- supervision --------------------------------------------------------------------------------------------
 
@@ -686,8 +493,7 @@ class PythonInstance:
                 batch.future.set_result([error] * len(batch.requests))
         for rid in list(self._streams):
             self._end_stream(rid, error)
-        for task in list(self._bls.values()):
-            task.cancel()
+        self._calls.cancel_all()
         if batches and self.on_free is not None:
             self.on_free(self, None)
 
@@ -755,10 +561,6 @@ class PythonInstance:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    @property
-    def _model_name(self) -> str:
-        return self._state.args["model_name"]
-
     def _error(self, detail: str) -> EdgedError:
         return EdgedError(
             ErrorCode.INTERNAL, f"Failed to process the request(s) for model instance '{self._name}', message: {detail}"
@@ -775,7 +577,3 @@ def _settle(future: asyncio.Future[Results], task: asyncio.Future[Results]) -> N
         future.set_exception(exc)
     else:
         future.set_result(task.result())
-
-
-def _config_type(wire: str) -> str:
-    return "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"
