@@ -41,7 +41,8 @@ from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.frontends.grpc import GrpcOptions, GrpcServer
-from edged.frontends.http import HttpOptions, create_http_app
+from edged.frontends.http import create_http_app
+from edged.frontends.http_infer import HttpOptions
 from edged.metrics import MetricsCollector, ModelMetrics, SystemMetrics, create_metrics_app
 from edged.state.store import StateError, StateStore
 from edged.systemd import ServiceNotifier

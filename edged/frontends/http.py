@@ -1,69 +1,35 @@
 """KServe v2 over HTTP (Litestar on uvicorn), with Triton's extensions and Triton's status codes.
 
-The infer endpoint is a plain ASGI handler: it reads the body itself (size limit, decompression) and writes the
-reply bytes itself, so the hot path is one JSON decode, numpy views over the body, and one encode. A client that
-closes its connection before the answer cancels its request, as a cancelled gRPC call does. The other endpoints are
-ordinary Litestar handlers.
+The infer endpoint is a plain ASGI handler in front of the app (edged.frontends.http_infer); the other endpoints
+are the ordinary Litestar handlers here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
-import re
-import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post, route
 from litestar.exceptions import MethodNotAllowedException, NotFoundException
 
 from edged import logs
-from edged.core.inference import InferRequest
 from edged.core.model_config import model_config_to_json
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.http_codec import (
-    decode_infer_request,
     decode_json,
     encode,
-    encode_infer_response,
     error_body,
-    parse_header_length,
+    url_version,
 )
+from edged.frontends.http_infer import HttpOptions, InferRoute, status_for
 
 if TYPE_CHECKING:
-    from litestar.types import Receive, ReceiveMessage, Scope, Send
-
-    from edged.core.inference import InferResponse
-    from edged.core.repository_manager import ModelVersion
     from edged.core.service import InferenceService
     from edged.core.stats import Duration, ModelStatistics
 
 log = logging.getLogger(__name__)
-
-STATUS_BY_CODE: dict[ErrorCode, int] = {
-    ErrorCode.INTERNAL: 500,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.UNSUPPORTED: 501,
-}
-_JSON = b"application/json"
-_OCTETS = b"application/octet-stream"
-_HEADER_LENGTH = "inference-header-content-length"
-# How long an inference runs before its client is watched for a hang-up (see _DisconnectWatch).
-_WATCH_AFTER_S = 0.01
-
-
-@dataclass(frozen=True, slots=True)
-class HttpOptions:
-    # Largest request body accepted, after decompression (Triton's --http-max-input-size).
-    max_input_size: int = 64 * 1024 * 1024
-
-
-def status_for(error: EdgedError) -> int:
-    return STATUS_BY_CODE.get(error.code, 400)
 
 
 def _error_response(error: EdgedError) -> Response[bytes]:
@@ -83,20 +49,7 @@ def _version(text: str | None) -> int:
     """URL versions must be digits; anything else is an unknown path, as in Triton's router."""
     if text is not None and not (text.isascii() and text.isdigit()):
         raise NotFoundException()
-    return _parse_version(text)
-
-
-def _parse_version(text: str | None) -> int:
-    if not text:
-        return -1
-    value = int(text)
-    if value >= 2**63:
-        raise EdgedError(
-            ErrorCode.INVALID_ARG,
-            f"failed to get model version from specified version string '{text}' (details: stol), version should be "
-            "an integral value > 0",
-        )
-    return value
+    return url_version(text)
 
 
 # --- health and metadata --------------------------------------------------------------------------------
@@ -431,222 +384,6 @@ async def named_repository(repository: str) -> Response[bytes]:
 
 
 # --- inference ------------------------------------------------------------------------------------------
-
-
-class InferRoute:
-    """Serves ``POST /v2/models/{model}[/versions/{version}]/infer`` ahead of the Litestar router.
-
-    The infer path is the one every request takes, so it skips the framework's routing and request objects; every
-    other path goes to the Litestar app.
-    """
-
-    _PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
-
-    def __init__(self, app: Litestar, service: InferenceService, options: HttpOptions) -> None:
-        self._app = app
-        self._service = service
-        self._options = options
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind: str = scope["type"]
-        if kind == "http":
-            path: str = scope["path"]
-            if len(path) > 1 and path.endswith("/"):
-                # Triton's routes are full matches: "/v2/" is not "/v2".
-                await _send(send, 404, error_body("Not Found"), _JSON)
-                return
-            match = self._PATH.fullmatch(scope["path"])
-            if match is not None:
-                await self._infer(scope, receive, send, match.group(1), match.group(2))
-                return
-        await self._app(scope, receive, send)
-
-    async def _infer(
-        self, scope: Scope, receive: Receive, send: Send, model_name: str, version_text: str | None
-    ) -> None:
-        service, options = self._service, self._options
-        if scope.get("method") != "POST":
-            await _send(send, 405, error_body("Method Not Allowed"), _JSON)
-            return
-        headers = _headers(scope)
-        try:
-            version = _parse_version(version_text)
-            model = service.find_model(model_name, version)
-            if model.config is not None and model.config.model_transaction_policy.decoupled:
-                raise EdgedError(
-                    ErrorCode.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy"
-                )
-            body = await _read_body(receive, headers, options.max_input_size)
-            header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
-            if header_length == 0 or (header_length is None and not body):
-                # A raw binary request: the body is the model's single input, every output comes back binary.
-                request = InferRequest(model_name, version, "", [service.raw_input(model, body)])
-                binary_default = True
-            else:
-                request, binary_default = decode_infer_request(model_name, version, body, header_length)
-            response = await _infer_unless_disconnected(service, request, model, receive)
-            if response is None:
-                log.debug("client of a POST %s went away: its request was cancelled", scope["path"])
-                return
-            payload, json_length = encode_infer_response(response, request.outputs, binary_default)
-        except EdgedError as exc:
-            await _send(send, status_for(exc), error_body(exc.message), _JSON)
-            return
-        except _BodyTooLarge as exc:
-            await _send(send, 413, error_body(str(exc)), _JSON)
-            return
-        except Exception:
-            # A bug, not a bad request: logged with its traceback, answered without it.
-            log.exception("unhandled error in POST %s", scope["path"])
-            await _send(send, 500, error_body("internal error"), _JSON)
-            return
-        extra: list[tuple[bytes, bytes]] = []
-        content_type = _JSON
-        if json_length is not None:
-            content_type = _OCTETS
-            extra.append((b"inference-header-content-length", str(json_length).encode()))
-        encoding = _accepted_encoding(headers.get("accept-encoding"))
-        if encoding is not None:
-            payload = _compress(payload, encoding)
-            extra.append((b"content-encoding", encoding.encode()))
-        await _send(send, 200, payload, content_type, extra)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-async def _infer_unless_disconnected(
-    service: InferenceService, request: InferRequest, model: ModelVersion, receive: Receive
-) -> InferResponse | None:
-    """The response; None when the client closed its connection first, which cancels the inference as gRPC's
-    cancellation does: the scheduler marks the request cancelled and the backend stops early where it can."""
-    watch = _DisconnectWatch(receive)
-    try:
-        return await service.infer(request, model)
-    except asyncio.CancelledError:
-        # Only the watch's own cancellation is absorbed; one from elsewhere (shutdown) goes on.
-        if watch.disconnected and watch.task.uncancel() == 0:
-            return None
-        raise
-    finally:
-        watch.stop()
-
-
-class _DisconnectWatch:
-    """Cancels the task serving a request if ``receive()`` reports ``http.disconnect`` while the request runs.
-
-    Once the body is read, uvicorn's ``receive()`` waits until the connection closes, so a task awaits it beside
-    the inference. The task starts only once the inference has run for ``_WATCH_AFTER_S``: most requests have
-    answered before and cost one timer, not a task and its cancellation (some 8% of the daemon's CPU per
-    request for a small Python model), and a client that hangs up is still noticed within that delay. ``stop()``
-    ends the watch; the watching task, cancelled there, finishes on the loop's next turn, so none outlives its
-    request.
-    """
-
-    __slots__ = ("_receive", "_start", "_watcher", "disconnected", "task")
-
-    def __init__(self, receive: Receive) -> None:
-        task = asyncio.current_task()
-        assert task is not None  # an ASGI app always runs in a task
-        self.task = task
-        self.disconnected = False
-        self._receive = receive
-        self._watcher: asyncio.Future[ReceiveMessage] | None = None
-        self._start = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, self._begin)
-
-    def _begin(self) -> None:
-        self._watcher = asyncio.ensure_future(self._receive())
-        self._watcher.add_done_callback(self._received)
-
-    def _received(self, watcher: asyncio.Future[ReceiveMessage]) -> None:
-        if watcher is not self._watcher or watcher.cancelled():
-            return  # stopped: the request has its answer
-        if watcher.exception() is None and watcher.result()["type"] == "http.disconnect":
-            self.disconnected = True
-            self.task.cancel()
-        # Anything else is a message this request does not expect: the watch ends without cancelling.
-
-    def stop(self) -> None:
-        self._start.cancel()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            self._watcher = None
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise EdgedError(ErrorCode.CANCELLED, "client disconnected")
-        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise _BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    encoding = headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding in ("gzip", "deflate"):
-        return _decompress(body, encoding, limit)
-    raise EdgedError(ErrorCode.UNSUPPORTED, "Unsupported compression type")
-
-
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    # wbits: 16+ reads a gzip wrapper, 32+ detects zlib or gzip; deflate bodies are zlib-wrapped per RFC 9110.
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-    try:
-        # max_length bounds memory: a small compressed body cannot expand past the limit (no zip bombs).
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise EdgedError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise _BodyTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
-    if not inflater.eof:
-        raise EdgedError(ErrorCode.INVALID_ARG, "failed to decompress the request body: it is truncated")
-    return out
-
-
-def _accepted_encoding(accept: str | None) -> str | None:
-    if not accept:
-        return None
-    names = [part.split(";")[0].strip().lower() for part in accept.split(",")]
-    for name in ("gzip", "deflate"):
-        if name in names:
-            return name
-    return None
-
-
-def _compress(payload: bytes, encoding: str) -> bytes:
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    compressor = zlib.compressobj(6, zlib.DEFLATED, wbits)
-    return compressor.compress(payload) + compressor.flush()
-
-
-async def _send(
-    send: Send, status: int, body: bytes, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    if extra:
-        headers.extend(extra)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-# --- errors ---------------------------------------------------------------------------------------------
 
 
 def _edged_error_handler(_: Request[Any, Any, Any], exc: EdgedError) -> Response[bytes]:

@@ -274,3 +274,16 @@ def error_body(message: str) -> bytes:
 
 def encode(value: Any) -> bytes:
     return _encoder.encode(value)
+
+
+def url_version(text: str | None) -> int:
+    """A version from a URL path (digits only, as the routes match): -1 when absent, Triton's error past int64."""
+    if not text:
+        return -1
+    value = int(text)
+    if value >= 2**63:
+        raise invalid_arg(
+            f"failed to get model version from specified version string '{text}' (details: stol), version should be "
+            "an integral value > 0"
+        )
+    return value
