@@ -1225,6 +1225,40 @@ def save_results(key: str, value: dict[str, Any]) -> None:
 # main
 
 
+def print_caveats(
+    served: Sequence[Measurement],
+    measured: Sequence[Measurement],
+    busy: dict[str, float],
+    labelled: Sequence[tuple[Row, str, Measurement]],
+) -> bool:
+    """What the figures of a table need said: unstable (``~``, among the servers' ``served``) and disturbed (``!``,
+    among all ``measured``) figures, a busy machine before a phase, and the measurements that failed (True when
+    any did)."""
+    if any(not m.stable for m in served):
+        print("~: perf_analyzer found no three windows within 10%; mean of its last three windows, p99 unknown")
+    disturbed = [m for m in measured if m.disturbed]
+    if disturbed:
+        print(
+            f"!: other processes used more than {BUSY_WARNING:.0%} of the CPU during that measurement "
+            f"({len(disturbed)} of them); those figures are likely low: measure them again"
+        )
+    if any(share > BUSY_WARNING for share in busy.values()):
+        print(
+            "warning: other processes used the CPU before "
+            + ", ".join(f"{phase} ({share:.0%})" for phase, share in busy.items() if share > BUSY_WARNING)
+        )
+    failures = [
+        f"{row.model} {row.protocol} c={row.concurrency} {label}: {m.error}" for row, label, m in labelled if m.error
+    ]
+    for failure in failures:
+        print(f"failed: {failure}")
+    return bool(failures)
+
+
+def _served(rows: Sequence[Row]) -> list[tuple[Row, str, Measurement]]:
+    return [(row, label, m) for row in rows for label, m in (("edged", row.edged), ("triton", row.triton))]
+
+
 def _protocols(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
     unknown = [name for name in names if name not in PROTOCOLS]
@@ -1369,27 +1403,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shared memory: not measured: {shm.unavailable}")
     if triton_note:
         print(f"Triton: {triton_note}")
-    if any(not m.stable for row in ordered for m in (row.edged, row.triton)):
-        print("~: perf_analyzer found no three windows within 10%; mean of its last three windows, p99 unknown")
-    disturbed = [m for row in ordered for m in (row.in_process, row.edged, row.triton) if m.disturbed]
-    if disturbed:
-        print(
-            f"!: other processes used more than {BUSY_WARNING:.0%} of the CPU during that measurement "
-            f"({len(disturbed)} of them); those figures are likely low: measure them again"
-        )
-    if any(share > BUSY_WARNING for share in busy.values()):
-        print(
-            "warning: other processes used the CPU before "
-            + ", ".join(f"{phase} ({share:.0%})" for phase, share in busy.items() if share > BUSY_WARNING)
-        )
-    errors = [
-        f"{row.model} {row.protocol} c={row.concurrency} {label}: {m.error}"
-        for row in ordered
-        for label, m in (("edged", row.edged), ("triton", row.triton))
-        if m.error
-    ]
-    for error in errors:
-        print(f"failed: {error}")
+    served = [m for _, _, m in _served(ordered)]
+    failed = print_caveats(served, [*served, *(row.in_process for row in ordered)], busy, _served(ordered))
 
     RESULTS_FILE.write_text(
         json.dumps(
@@ -1410,7 +1425,7 @@ def main(argv: list[str] | None = None) -> int:
         encoding="utf-8",
     )
     print(f"results: {RESULTS_FILE.relative_to(ROOT)} ({time.monotonic() - began:.0f} s)")
-    return 1 if errors else 0
+    return 1 if failed else 0
 
 
 def edged_command(ports: Ports) -> list[str]:
@@ -1502,29 +1517,8 @@ def run_batching(
         print(f"edged: {machine['edged']}")
     if triton_note:
         print(f"Triton: {triton_note}")
-    if any(not m.stable for row in ordered for m in (row.edged, row.triton)):
-        print("~: perf_analyzer found no three windows within 10%; mean of its last three windows, p99 unknown")
-    disturbed = [
-        m for m in [*in_process.values(), *(m for row in ordered for m in (row.edged, row.triton))] if m.disturbed
-    ]
-    if disturbed:
-        print(
-            f"!: other processes used more than {BUSY_WARNING:.0%} of the CPU during that measurement "
-            f"({len(disturbed)} of them); those figures are likely low: measure them again"
-        )
-    if any(share > BUSY_WARNING for share in busy.values()):
-        print(
-            "warning: other processes used the CPU before "
-            + ", ".join(f"{phase} ({share:.0%})" for phase, share in busy.items() if share > BUSY_WARNING)
-        )
-    errors = [
-        f"{row.model} {row.protocol} c={row.concurrency} {label}: {m.error}"
-        for row in ordered
-        for label, m in (("edged", row.edged), ("triton", row.triton))
-        if m.error
-    ]
-    for error in errors:
-        print(f"failed: {error}")
+    served = [m for _, _, m in _served(ordered)]
+    failed = print_caveats(served, [*served, *in_process.values()], busy, _served(ordered))
 
     RESULTS_FILE.write_text(
         json.dumps(
@@ -1550,7 +1544,7 @@ def run_batching(
         encoding="utf-8",
     )
     print(f"results: {RESULTS_FILE.relative_to(ROOT)} ({time.monotonic() - began:.0f} s)")
-    return 1 if errors else 0
+    return 1 if failed else 0
 
 
 def run_python(
@@ -1603,31 +1597,16 @@ def run_python(
         print(f"edged: {machine['edged']}")
     if triton_note:
         print(f"Triton: {triton_note}")
-    if any(not m.stable for m in measured):
-        print("~: perf_analyzer found no three windows within 10%; mean of its last three windows, p99 unknown")
-    disturbed = [m for m in measured if m.disturbed]
-    if disturbed:
-        print(
-            f"!: other processes used more than {BUSY_WARNING:.0%} of the CPU during that measurement "
-            f"({len(disturbed)} of them); those figures are likely low: measure them again"
-        )
-    if any(share > BUSY_WARNING for share in busy.values()):
-        print(
-            "warning: other processes used the CPU before "
-            + ", ".join(f"{phase} ({share:.0%})" for phase, share in busy.items() if share > BUSY_WARNING)
-        )
-    errors = [
-        f"{row.model} {row.protocol} c={row.concurrency} {label}: {m.error}"
+    labelled = [
+        (row, label, m)
         for python_row, onnx_row in pairs
         for row, label, m in (
             (python_row, "edged", python_row.edged),
             (python_row, "triton", python_row.triton),
             (onnx_row, "edged", onnx_row.edged),
         )
-        if m.error
     ]
-    for error in errors:
-        print(f"failed: {error}")
+    failed = print_caveats(measured, measured, busy, labelled)
 
     save_results(
         "python",
@@ -1653,7 +1632,7 @@ def run_python(
         },
     )
     print(f"results: {RESULTS_FILE.relative_to(ROOT)}, key python ({time.monotonic() - began:.0f} s)")
-    return 1 if errors else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
