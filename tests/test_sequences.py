@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from server import Server, run_server
+from server import Server, post_json, run_server
 from tritonclient.utils import InferenceServerException
 
 ACCUMULATOR: Final = """
@@ -281,10 +281,7 @@ def test_the_oldest_strategy_batches_sequences_together(sequence_server: Server)
     assert [int(result.as_numpy("OUTPUT")[0, 0]) for result in results] == [1, 2, 3]
 
 
-def test_http_sequence_flags_must_be_booleans(sequence_server: Server, tmp_path: Path) -> None:
-    del tmp_path
-    from server import post_json
-
+def test_http_sequence_flags_must_be_booleans(sequence_server: Server) -> None:
     body = {
         "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}],
         "parameters": {"sequence_id": 9, "sequence_start": 1},

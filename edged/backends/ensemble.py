@@ -34,7 +34,7 @@ from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import DataType
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from edged.backends.base import LoadContext, ServerApi
     from edged.core.stats import ExecutionTiming
@@ -274,44 +274,10 @@ class _Runner:
         return out
 
     async def _run(self, request: InferRequest) -> InferResponse | EdgedError:
-        tensors: dict[str, InferInput] = {t.name: t for t in request.inputs}
-        remaining = list(self._steps)
-        running: dict[asyncio.Task[dict[str, InferInput]], _Step] = {}
-
-        def cancel_steps() -> None:
-            for task in running:
-                task.cancel()
-
-        request.on_cancel(cancel_steps)
-        try:
-            while remaining or running:
-                for step in [s for s in remaining if all(t in tensors for t in s.inputs.values())]:
-                    remaining.remove(step)
-                    running[asyncio.ensure_future(self._step(step, request, tensors))] = step
-                if not running:
-                    raise EdgedError(
-                        ErrorCode.INTERNAL, f"ensemble '{self._config.name}' cannot go on: a step lacks inputs"
-                    )
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    step = running.pop(task)
-                    if task.cancelled():
-                        raise EdgedError(ErrorCode.CANCELLED, "the request was cancelled")
-                    exc = task.exception()
-                    if exc is not None:
-                        message = exc.message if isinstance(exc, EdgedError) else repr(exc)
-                        code = exc.code if isinstance(exc, EdgedError) else ErrorCode.INTERNAL
-                        raise EdgedError(
-                            code,
-                            f"in ensemble '{self._config.name}', step {step.index} (model '{step.model}') failed: "
-                            f"{message}",
-                        )
-                    tensors.update(task.result())
-        except EdgedError as error:
-            cancel_steps()
-            return error
-        outputs = [_output(name, tensors[name]) for name in self._outputs if name in tensors]
-        return InferResponse(request.model_name, str(request.model_version), request.id, outputs)
+        """An ensemble without decoupled steps: one path through the graph, one response."""
+        responses: list[InferResponse] = []
+        errors = await self._walk_all(request, responses.append)
+        return errors[0] if errors else responses[0]
 
     async def _run_streaming(self, request: InferRequest) -> EdgedError | None:
         """A decoupled ensemble: every response of a decoupled step goes on through the rest of the graph on its
@@ -319,58 +285,79 @@ class _Runner:
         response follows the last. Returns None (answered through the stream), or the error that ended it."""
         stream = request.stream
         assert stream is not None
-        branches: list[asyncio.Task[None]] = []
+        errors = await self._walk_all(request, lambda response: stream.put(StreamResponse(response)))
+        stream.put(StreamResponse(None, errors[0] if errors else None, final=True))
+        return errors[0] if errors else None
+
+    async def _walk_all(self, request: InferRequest, deliver: Callable[[InferResponse], None]) -> list[EdgedError]:
+        """Every path of the request through the graph, each finished one delivered; the errors that ended any.
+        Cancelling the request cancels every path and the steps they run."""
+        paths: list[asyncio.Task[None]] = []
         errors: list[EdgedError] = []
 
-        async def branch(tensors: dict[str, InferInput], remaining: list[_Step]) -> None:
-            running: dict[asyncio.Task[dict[str, InferInput]], _Step] = {}
-            try:
-                while remaining or running:
-                    for step in [s for s in remaining if all(t in tensors for t in s.inputs.values())]:
-                        if step.decoupled and running:
-                            continue  # the steps in flight finish first: each response then carries them all
-                        remaining.remove(step)
-                        if step.decoupled:
-                            async for produced in self._stream_step(step, request, tensors):
-                                forked = asyncio.ensure_future(branch({**tensors, **produced}, list(remaining)))
-                                branches.append(forked)
-                            return
-                        running[asyncio.ensure_future(self._step(step, request, tensors))] = step
-                    if not running:
-                        return  # everything ran
-                    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        step = running.pop(task)
-                        exc = task.exception() if not task.cancelled() else EdgedError(ErrorCode.CANCELLED, "cancelled")
-                        if exc is not None:
-                            raise self._step_error(step, exc)
-                        tensors.update(task.result())
-                outputs = [_output(name, tensors[name]) for name in self._outputs if name in tensors]
-                stream.put(
-                    StreamResponse(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
-                )
-            except EdgedError as error:
-                for task in running:
-                    task.cancel()
-                errors.append(error)
-            except BaseException as exc:  # a bug: the request fails, the ensemble goes on
-                for task in running:
-                    task.cancel()
-                errors.append(EdgedError(ErrorCode.INTERNAL, f"ensemble '{self._config.name}' failed: {exc!r}"))
+        def start(tensors: dict[str, InferInput], remaining: list[_Step]) -> None:
+            paths.append(asyncio.ensure_future(self._walk(request, tensors, remaining, deliver, start, errors)))
 
-        def cancel_branches() -> None:
-            for task in branches:
+        def cancel_paths() -> None:
+            for task in paths:
                 task.cancel()
 
-        request.on_cancel(cancel_branches)
-        await branch({t.name: t for t in request.inputs}, list(self._steps))
-        while not all(task.done() for task in branches):
-            await asyncio.gather(*list(branches), return_exceptions=True)
-        if errors:
-            stream.put(StreamResponse(None, errors[0], final=True))
-            return errors[0]
-        stream.put(StreamResponse(None, final=True))
-        return None
+        request.on_cancel(cancel_paths)
+        start({t.name: t for t in request.inputs}, list(self._steps))
+        while not all(task.done() for task in paths):
+            await asyncio.gather(*list(paths), return_exceptions=True)
+        return errors
+
+    async def _walk(
+        self,
+        request: InferRequest,
+        tensors: dict[str, InferInput],
+        remaining: list[_Step],
+        deliver: Callable[[InferResponse], None],
+        fork: Callable[[dict[str, InferInput], list[_Step]], None],
+        errors: list[EdgedError],
+    ) -> None:
+        """One path: a step starts as soon as its inputs exist; at a decoupled step (once the steps in flight are
+        done) the path ends and each of that step's responses starts a path of its own through what is left."""
+        running: dict[asyncio.Task[dict[str, InferInput]], _Step] = {}
+        try:
+            while remaining or running:
+                for step in [s for s in remaining if all(t in tensors for t in s.inputs.values())]:
+                    if step.decoupled and running:
+                        continue
+                    remaining.remove(step)
+                    if step.decoupled:
+                        async for produced in self._stream_step(step, request, tensors):
+                            fork({**tensors, **produced}, list(remaining))
+                        return
+                    running[asyncio.ensure_future(self._step(step, request, tensors))] = step
+                if not running:
+                    # Nothing in flight and steps left whose inputs never came (an optional input not given).
+                    raise EdgedError(
+                        ErrorCode.INTERNAL,
+                        f"in ensemble '{self._config.name}', step {remaining[0].index} (model '{remaining[0].model}') "
+                        "cannot run: an ensemble tensor it reads was never produced",
+                    )
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    if task.cancelled():
+                        raise asyncio.CancelledError
+                    exc = task.exception()
+                    if exc is not None:
+                        raise self._step_error(step, exc)
+                    tensors.update(task.result())
+            outputs = [_output(name, tensors[name]) for name in self._outputs if name in tensors]
+            deliver(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
+        except EdgedError as error:
+            errors.append(error)
+        except asyncio.CancelledError:
+            errors.append(EdgedError(ErrorCode.CANCELLED, "the request was cancelled"))
+        except Exception as exc:  # a bug: the request fails, the ensemble goes on
+            errors.append(EdgedError(ErrorCode.INTERNAL, f"ensemble '{self._config.name}' failed: {exc!r}"))
+        finally:
+            for task in running:
+                task.cancel()
 
     def _step_error(self, step: _Step, exc: BaseException) -> EdgedError:
         message = exc.message if isinstance(exc, EdgedError) else repr(exc)
