@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from edged import __version__
-from edged.config import ConfigError, add_serve_options, load, parse_bool, render, settings_from, template
+from edged.config import ConfigError, add_serve_options, load, render, settings_from, template
+from edged.options import parse_bool
 
 __all__ = ["build_parser", "main", "parse_bool"]
 

@@ -58,7 +58,7 @@ class Settings:
     def from_options(
         cls, values: Mapping[str, Any], environ: Mapping[str, str], config_file: Path | None = None
     ) -> Settings:
-        """From every option's checked value, keyed as edged.config.OPTIONS names them (``http_port``).
+        """From every option's checked value, keyed as edged.options.OPTIONS names them (``http_port``).
 
         Raises ValueError with one line for a value that cannot be served (no repository, or one that is gone).
         """

@@ -18,7 +18,8 @@ import pytest
 from server import REPO_ROOT, TRACEBACK_MARKER, free_ports, request
 
 import edged.config
-from edged.config import OPTIONS, ConfigError, load, resolve, template
+from edged.config import ConfigError, load, resolve, template
+from edged.options import BY_KEY, OPTIONS
 from edged.settings import Settings
 from edged.state.directory import default_state_dir
 
@@ -83,7 +84,7 @@ def test_each_layer_overrides_the_one_below(
     in_flags: Any,
 ) -> None:
     [repo] = _repos(tmp_path, "repo")
-    option = edged.config.BY_KEY[key]
+    option = BY_KEY[key]
     base = ["--model-repository", str(repo)]
     default = getattr(resolve(base, {}), attribute)
     assert default == (tuple(option.default) if option.repeatable else option.default)

@@ -1,0 +1,330 @@
+"""The one table of ``edged serve``'s settings (``OPTIONS``): each option's name, type, default, limits and help.
+The flags, the config file's keys, the ``EDGED_*`` variables, ``edged config`` and the packaged ``edged.toml`` are
+all derived from it (edged.config), so a setting is added here and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from edged.metrics.config import parse_metrics_config
+
+ENV_PREFIX: Final = "EDGED_"
+
+Kind = Literal["str", "int", "float", "bool", "path", "choice"]
+
+_TRUE: Final = frozenset({"true", "on", "1", "yes"})
+_FALSE: Final = frozenset({"false", "off", "0", "no"})
+
+
+def parse_bool(text: str) -> bool:
+    """Triton's boolean values: true/false/on/off/1/0 (and yes/no), any case."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"expected a boolean (true/false/on/off/1/0), got '{text}'")
+
+
+def _check_repository(path: Any) -> None:
+    if not Path(path).is_dir():
+        raise ValueError(f"model repository '{path}' is not a readable directory")
+
+
+def _check_backend_config(value: Any) -> None:
+    backend, _, setting = str(value).rpartition(",")
+    key, sep, item = setting.partition("=")
+    if not sep or not key:
+        raise ValueError(f"expected [BACKEND,]KEY=VALUE, got '{value}'")
+    if not backend and key == "default-max-batch-size" and not item.isdigit():
+        raise ValueError(f"default-max-batch-size must be a non-negative integer, got '{item}'")
+
+
+def _check_metrics_config(value: Any) -> None:
+    try:
+        parse_metrics_config([str(value)])
+    except ValueError as error:
+        # Its messages are written for the flag; the caller names the source instead.
+        raise ValueError(str(error).removeprefix("--metrics-config").lstrip(": ")) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting of ``edged serve``: its flag ``--<name>``, key ``<key>`` and variable ``EDGED_<KEY>``."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    repeatable: bool = False
+    aliases: tuple[str, ...] = ()
+    metavar: str | None = None
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    # What an unset value (default None) means, for the printed configuration.
+    unset: str = ""
+    # A further check of one value; raises ValueError with the problem.
+    check: Callable[[Any], None] | None = None
+    # The value the packaged edged.toml sets (a TOML literal); every other key stays commented at its default.
+    packaged: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    def default_value(self) -> Any:
+        return list(self.default) if self.repeatable else self.default
+
+    # --- one value, from text (a flag or a variable) or from TOML ---------------------------------------------
+
+    def from_text(self, text: str, base: Path) -> Any:
+        if not text and self.default is None:
+            return None
+        value: Any = text
+        if self.kind == "bool":
+            value = parse_bool(text)
+        elif self.kind == "int":
+            try:
+                value = int(text.strip())
+            except ValueError:
+                raise ValueError(f"expected an integer, got '{text}'") from None
+        elif self.kind == "float":
+            try:
+                value = float(text.strip())
+            except ValueError:
+                raise ValueError(f"expected a number, got '{text}'") from None
+        elif self.kind == "path":
+            if not text:
+                raise ValueError("expected a path, got an empty string")
+            value = base / text
+        return self._checked(value)
+
+    def from_toml(self, value: object, base: Path) -> Any:
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return self._checked(value)
+            if isinstance(value, str):
+                return self._checked(parse_bool(value))
+            raise ValueError(f"expected a boolean, got {describe_value(value)}")
+        if self.kind == "int":
+            if isinstance(value, int) and not isinstance(value, bool):
+                return self._checked(value)
+            raise ValueError(f"expected an integer, got {describe_value(value)}")
+        if self.kind == "float":
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return self._checked(float(value))
+            raise ValueError(f"expected a number, got {describe_value(value)}")
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {describe_value(value)}")
+        return self.from_text(value, base)
+
+    def _checked(self, value: Any) -> Any:
+        if self.kind in ("int", "float"):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"expected a finite number, got {value}")
+            if self.low is not None and self.high is not None and not self.low <= value <= self.high:
+                raise ValueError(f"{value} is outside {_number(self.low)}-{_number(self.high)}")
+            if self.low is not None and value < self.low:
+                raise ValueError(f"must be at least {_number(self.low)}, got {value}")
+        if self.choices and value not in self.choices:
+            raise ValueError(f"expected one of {', '.join(self.choices)}, got '{value}'")
+        if self.check is not None:
+            self.check(value)
+        return value
+
+    # --- what the help, the printer and the template show -----------------------------------------------------
+
+    def literal(self, value: Any) -> str:
+        """``value`` as a TOML literal."""
+        if isinstance(value, list):
+            return "[" + ", ".join(self.literal(item) for item in value) + "]"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int | float):
+            return repr(value)
+        return json.dumps(str(value), ensure_ascii=False)
+
+    def help_text(self) -> str:
+        unset = self.default is None or self.default == []
+        shown = self.unset if unset else self.literal(self.default).strip('"')
+        return f"{self.help} (default: {shown})" if shown else self.help
+
+
+MIB: Final = 1024 * 1024
+
+
+def _port(name: str, default: int, help_text: str) -> Option:
+    return Option(name, "int", default, help_text, low=0, high=65535, metavar="PORT")
+
+
+OPTIONS: Final[tuple[Option, ...]] = (
+    Option(
+        "model-repository",
+        "path",
+        [],
+        "a model repository; repeat the flag to serve several",
+        repeatable=True,
+        aliases=("model-store",),
+        metavar="PATH",
+        check=_check_repository,
+        packaged='["/var/lib/edged/models"]',
+    ),
+    Option("id", "str", "edged", "the server name reported by GET /v2", metavar="NAME"),
+    Option("http-address", "str", "0.0.0.0", "address the HTTP endpoint binds", metavar="ADDR"),
+    _port("http-port", 8000, "HTTP (KServe v2) port"),
+    Option("http-max-input-size", "int", 64 * MIB, "largest request body accepted, in bytes", low=1, metavar="BYTES"),
+    Option("allow-grpc", "bool", True, "serve KServe v2 over gRPC", metavar="BOOL"),
+    Option("grpc-address", "str", "0.0.0.0", "address the gRPC endpoint binds", metavar="ADDR"),
+    _port("grpc-port", 8001, "gRPC port"),
+    Option(
+        "grpc-max-message-size",
+        "int",
+        64 * MIB,
+        "largest gRPC message received or sent, in bytes: a safety limit (Triton allows 2147483647)",
+        # gRPC keeps message sizes in a signed 32-bit int.
+        low=1,
+        high=2**31 - 1,
+        metavar="BYTES",
+    ),
+    Option(
+        "allow-client-shm",
+        "bool",
+        False,
+        "let clients register system shared memory regions for tensors (the shared memory extension)",
+        metavar="BOOL",
+    ),
+    Option("allow-metrics", "bool", True, "serve Prometheus metrics", metavar="BOOL"),
+    Option(
+        "metrics-address",
+        "str",
+        None,
+        "address the metrics endpoint binds",
+        metavar="ADDR",
+        unset="the HTTP address",
+    ),
+    _port("metrics-port", 8002, "metrics port (/metrics)"),
+    Option("allow-cpu-metrics", "bool", True, "report CPU utilization and memory", metavar="BOOL"),
+    Option(
+        "allow-gpu-metrics",
+        "bool",
+        True,
+        "report NVIDIA GPU utilization, memory and power (when present)",
+        metavar="BOOL",
+    ),
+    Option(
+        "metrics-interval-ms",
+        "int",
+        2000,
+        "how often the CPU and GPU metrics are refreshed, in milliseconds",
+        low=1,
+        metavar="MS",
+    ),
+    Option(
+        "metrics-config",
+        "str",
+        [],
+        "latency metrics: counter_latencies, histogram_latencies, summary_latencies (true/false), "
+        "summary_quantiles (q:e,...)",
+        repeatable=True,
+        metavar="KEY=VALUE",
+        check=_check_metrics_config,
+    ),
+    Option("exit-on-error", "bool", False, "exit when a model fails to load at start-up", metavar="BOOL"),
+    Option("strict-readiness", "bool", True, "report ready only when every model is ready", metavar="BOOL"),
+    Option(
+        "disable-auto-complete-config",
+        "bool",
+        False,
+        "require complete config.pbtxt files instead of reading missing fields from the models",
+        metavar="BOOL",
+    ),
+    Option("model-load-thread-count", "int", 4, "models loaded in parallel", low=1, metavar="N"),
+    Option(
+        "model-control-mode",
+        "choice",
+        "none",
+        "none: load every model at start; poll: also follow changes; explicit: the load/unload API decides",
+        choices=("none", "poll", "explicit"),
+        metavar="MODE",
+    ),
+    Option(
+        "repository-poll-secs",
+        "float",
+        15.0,
+        "how often poll mode scans the repositories, in seconds",
+        low=0.1,
+        high=86400,
+        metavar="SECONDS",
+    ),
+    Option(
+        "load-model",
+        "str",
+        [],
+        "explicit mode: a model to load at start (repeatable; '*' loads every model)",
+        repeatable=True,
+        metavar="NAME",
+    ),
+    Option(
+        "state-dir",
+        "path",
+        None,
+        "where the state database and private model copies live",
+        metavar="DIR",
+        unset="$STATE_DIRECTORY, /var/lib/edged under systemd, else $XDG_STATE_HOME/edged or ~/.local/state/edged",
+    ),
+    Option(
+        "backend-config",
+        "str",
+        [],
+        "backend settings, e.g. python,stub-timeout-seconds=30 or default-max-batch-size=8 (repeatable)",
+        repeatable=True,
+        metavar="[BACKEND,]KEY=VALUE",
+        check=_check_backend_config,
+    ),
+    Option(
+        "exit-timeout-secs",
+        "float",
+        30.0,
+        "on shutdown, how long to wait for in-flight requests to finish, in seconds",
+        low=0,
+        high=86400,
+        metavar="SECONDS",
+    ),
+    Option("log-verbose", "int", 0, "verbose logging when above 0", metavar="LEVEL"),
+)
+
+BY_KEY: Final = {option.key: option for option in OPTIONS}
+
+
+def describe_value(value: object) -> str:
+    if isinstance(value, bool):
+        return f"a boolean ({'true' if value else 'false'})"
+    if isinstance(value, str):
+        return f"a string ('{value}')"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value})"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
