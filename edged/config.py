@@ -2,8 +2,8 @@
 
 ``OPTIONS`` (edged.options) is the one table of the daemon's settings. The ``serve`` flags, the config file's
 keys, the environment variables, ``edged config`` and the packaged ``edged.toml`` are all derived from it, so a
-setting is added in one place. The names follow one rule from the flag: ``--http-port`` is the key ``http_port`` and the variable
-``EDGED_HTTP_PORT``.
+setting is added in one place. The names follow one rule from the flag: ``--http-port`` is the key ``http_port``
+and the variable ``EDGED_HTTP_PORT``.
 
 ``resolve(argv, environ)`` reads every layer again each time it is called, so the daemon can call it on SIGHUP; it
 raises ``ConfigError`` whose text is the one line to print, naming the source (file and key, variable or flag).
