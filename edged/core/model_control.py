@@ -30,16 +30,14 @@ import asyncio
 import enum
 import logging
 import re
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf import json_format, text_format
-
 from edged.core.model_files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
+from edged.core.private_models import PrivateCopies, override_config_text
 from edged.core.repository import ModelSource, scan_repositories
 from edged.core.repository_manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
 from edged.errors import EdgedError, ErrorCode
@@ -57,7 +55,6 @@ log = logging.getLogger(__name__)
 SETTLE_S = 2.0
 # Where private copies of models loaded with override files live, under the state directory.
 PRIVATE_MODELS = "models"
-_CURRENT = "CURRENT"
 
 
 class ControlMode(enum.StrEnum):
@@ -91,6 +88,7 @@ class ControlOptions:
 class ModelController:
     def __init__(self, manager: ModelRepositoryManager, options: ControlOptions, store: StateStore | None) -> None:
         self._manager = manager
+        self._copies = PrivateCopies(options.state_dir / PRIVATE_MODELS if options.state_dir is not None else None)
         self._options = options
         self._store = store
         self._load_pool = ThreadPoolExecutor(max(1, options.load_thread_count), thread_name_prefix="edged-load")
@@ -275,7 +273,7 @@ class ModelController:
                     await self._load(
                         name,
                         origin,
-                        private=None if other.source.path.parent != self._private_base(name) else other.source.path,
+                        private=other.source.path if other.source.path.parent == self._copies.base(name) else None,
                     )
                 except EdgedError as exc:
                     log.debug("ensemble '%s' still does not load: %s", name, exc.message)
@@ -509,34 +507,9 @@ class ModelController:
     # --- private copies (loads with override files) -------------------------------------------------------------
 
     async def _make_private(self, name: str, config_json: str | None, files: dict[str, bytes]) -> Path:
-        config_text = None
-        if config_json is not None:
-            config = ModelConfig()
-            try:
-                json_format.Parse(config_json, config)
-            except json_format.ParseError as exc:
-                raise EdgedError(
-                    ErrorCode.INVALID_ARG,
-                    f"failed to load '{name}': the 'config' override is not a model config: {exc}",
-                ) from None
-            if config.name and config.name != name:
-                raise EdgedError(
-                    ErrorCode.INVALID_ARG,
-                    f"failed to load '{name}': the 'config' override names model '{config.name}'",
-                )
-            config.name = name
-            config_text = text_format.MessageToString(config)
-        elif files:
-            # As Triton: files alone would leave the folder's config describing other files.
-            raise EdgedError(
-                ErrorCode.INVALID_ARG, f"failed to load '{name}': override files need a 'config' override with them"
-            )
-        if self._options.state_dir is None:
-            raise EdgedError(ErrorCode.UNAVAILABLE, "loading with overrides needs a state directory (--state-dir)")
-        scan = await self._scan()
-        source = scan.models.get(name)
-        base = self._options.state_dir / PRIVATE_MODELS / name
-        destination = base / f"{time.time_ns()}"
+        config_text = override_config_text(name, config_json, files)
+        destination = self._copies.new_path(name)
+        source = (await self._scan()).models.get(name)
         # The repository's files are the starting point only when no file is given: then only the config changes.
         origin_dir = source.path if source is not None and not files else None
         await asyncio.get_running_loop().run_in_executor(
@@ -544,47 +517,14 @@ class ModelController:
         )
         return destination
 
-    def _private_base(self, name: str) -> Path | None:
-        return self._options.state_dir / PRIVATE_MODELS / name if self._options.state_dir is not None else None
-
     def _private_current(self, name: str) -> Path | None:
-        """The private copy a model was last loaded from, when it was (explicit mode, restored at start)."""
-        if self._options.state_dir is None or self._options.mode is not ControlMode.EXPLICIT:
-            return None
-        pointer = self._options.state_dir / PRIVATE_MODELS / name / _CURRENT
-        try:
-            current = pointer.read_text(encoding="utf-8").strip()
-        except OSError:
-            return None
-        path = pointer.parent / current
-        return path if current and "/" not in current and path.is_dir() else None
+        """Explicit mode restores a model from the private copy it was last served from."""
+        return self._copies.current(name) if self._options.mode is ControlMode.EXPLICIT else None
 
     def _settle_private(self, name: str, private: Path | None) -> None:
-        """After a load: the private copy the model now serves from is remembered (so a restart loads it again)
-        and older copies go; a copy nothing serves from goes. A model served from its repository folder again
-        needs no copy at all. (An old version still finishing its requests keeps its open files.)"""
-        if self._options.state_dir is None:
-            return
-        base = self._options.state_dir / PRIVATE_MODELS / name
         entry = self._manager.entry(name)
         serving = entry.source.path if entry is not None and entry.state is ModelState.READY else None
-        if serving is not None and serving.parent == base:
-            pointer = base / _CURRENT
-            temporary = base / f"{_CURRENT}.tmp"
-            temporary.write_text(serving.name, encoding="utf-8")
-            temporary.replace(pointer)
-            keep: Path | None = serving
-        elif serving is not None:
-            shutil.rmtree(base, ignore_errors=True)
-            return
-        else:
-            keep = self._private_current(name)
-        if private is not None and private != keep:
-            shutil.rmtree(private, ignore_errors=True)
-        if base.is_dir():
-            for other in base.iterdir():
-                if other.is_dir() and other != keep:
-                    shutil.rmtree(other, ignore_errors=True)
+        self._copies.settle(name, serving, private)
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
