@@ -60,6 +60,9 @@ class InferRequest:
     stream: ResponseStream | None = None
     # Set when the client cancelled or went away; a backend that can stop early registers with on_cancel.
     cancelled: bool = False
+    # Set by a backend whose model released the request to run again (Triton's RESCHEDULE release flag): the
+    # sequence batcher of an iterative sequence model gives it to a later execution.
+    run_again: bool = False
     _cancel_callbacks: list[Callable[[], None]] | None = None
 
     def cancel(self) -> None:

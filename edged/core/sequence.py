@@ -16,6 +16,12 @@ oldest, waiting up to its ``max_queue_delay_microseconds`` for a batch of a ``pr
 A batch holds at most one request per sequence. Unlike Triton's direct strategy, idle slots are not filled
 with "not ready" requests: a model sees only real requests.
 
+With ``iterative_sequence: true`` one request is a whole sequence, run over several executions: a request without a
+correlation id gets one of its own and the START flag, and each time the model releases it with RESCHEDULE
+(``request.run_again``) it is queued again for its sequence, with START and END cleared and READY set, as Triton
+does. The sequence ends when its request is released for good. Unlike Triton 2.51, a sequence never idles out while
+its request is being run again, and an END flag given with the first request takes effect only then.
+
 Everything runs on the event loop; executions run as the dynamic batcher runs them.
 """
 
@@ -92,6 +98,7 @@ class _Pending:
     request: InferRequest
     future: asyncio.Future[Any]
     end: bool
+    own_inputs: int  # the request's inputs come first; the controls and states added here follow
 
 
 @dataclass(slots=True, eq=False)
@@ -208,6 +215,8 @@ class SequenceBatcher:
         self._idle.set()
         self._reaper: asyncio.TimerHandle | None = None
         self._runner = BatchRunner(executor, config.name)
+        self._iterative = batching.iterative_sequence
+        self._next_key = 1  # iterative sequences: the ids given to requests that come without one
 
     # --- requests ------------------------------------------------------------------------------------------------
 
@@ -215,10 +224,14 @@ class SequenceBatcher:
         raw = request.parameters.get("sequence_id")
         key: CorrelationId | None = raw if isinstance(raw, int | str) and not isinstance(raw, bool) else None
         if key is None or key in (0, ""):
-            return EdgedError(
-                ErrorCode.INVALID_ARG,
-                f"inference request to model '{self._model}' must specify a non-zero or non-empty correlation ID",
-            )
+            if not self._iterative:
+                return EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"inference request to model '{self._model}' must specify a non-zero or non-empty correlation ID",
+                )
+            key = self._new_key()
+            request.parameters["sequence_id"] = key
+            request.parameters["sequence_start"] = True
         if self._batching and request.batch_size != 1:
             return EdgedError(
                 ErrorCode.INVALID_ARG,
@@ -242,8 +255,9 @@ class SequenceBatcher:
         sequence.last_ns = now
         if end:
             sequence.ended = True
+        own_inputs = len(request.inputs)
         self._add_controls(request, sequence, start, end)
-        pending = _Pending(request, asyncio.get_running_loop().create_future(), end)
+        pending = _Pending(request, asyncio.get_running_loop().create_future(), end, own_inputs)
         sequence.pending.append(pending)
         self._stats.pending += 1
         self._in_flight += 1
@@ -258,6 +272,13 @@ class SequenceBatcher:
 
     async def drain(self) -> None:
         await self._idle.wait()
+
+    def _new_key(self) -> int:
+        while self._next_key in self._sequences:
+            self._next_key += 1
+        key = self._next_key
+        self._next_key += 1
+        return key
 
     def _begin(self, key: CorrelationId, now: int) -> _Sequence:
         sequence = _Sequence(key, None, now, now)
@@ -393,9 +414,23 @@ class SequenceBatcher:
         self._busy[index] = False
         self._stats.record_execution(len(batch), timing)
         now = time.monotonic_ns()
-        for (sequence, pending), result in zip(batch, results, strict=True):
+        for (sequence, pending), outcome in zip(batch, results, strict=True):
             sequence.running = False
             request = pending.request
+            result = outcome
+            if request.run_again and not isinstance(result, EdgedError):
+                request.run_again = False
+                if request.cancelled:
+                    result = EdgedError(ErrorCode.CANCELLED, "the request was cancelled")
+                elif self._sequences.get(sequence.key) is not sequence:
+                    result = EdgedError(
+                        ErrorCode.UNAVAILABLE,
+                        f"sequence {sequence.key} of model '{self._model}' was started again before this request "
+                        "completed",
+                    )
+                else:
+                    self._run_again(sequence, pending, now)
+                    continue
             if isinstance(result, EdgedError):
                 reason = FailureReason.CANCELED if request.cancelled else FailureReason.BACKEND
                 self._stats.record_failure(now - request.arrival_ns, reason)
@@ -403,7 +438,7 @@ class SequenceBatcher:
                 if result is not None and self._states:
                     self._keep_state(sequence, result)
                 self._stats.record_success(1, now - request.arrival_ns, started - request.arrival_ns, timing)
-            if pending.end and not sequence.pending:
+            if (pending.end or self._iterative) and not sequence.pending:
                 self._release(sequence)
             if not pending.future.done():
                 pending.future.set_result(result)
@@ -411,6 +446,18 @@ class SequenceBatcher:
         if self._in_flight == 0:
             self._idle.set()
         self._schedule()
+
+    def _run_again(self, sequence: _Sequence, pending: _Pending, now: int) -> None:
+        """An iterative sequence's request, released with RESCHEDULE: queued again for its sequence, no longer
+        the first (START and END cleared, as Triton clears them); its client still waits."""
+        request = pending.request
+        del request.inputs[pending.own_inputs :]
+        request.parameters.pop("sequence_start", None)
+        request.parameters.pop("sequence_end", None)
+        self._add_controls(request, sequence, False, False)
+        sequence.pending.append(pending)
+        sequence.last_ns = now
+        self._stats.pending += 1
 
     def _keep_state(self, sequence: _Sequence, response: InferResponse) -> None:
         """The state outputs become the next request's state inputs, and leave the response."""

@@ -68,6 +68,8 @@ class ModelState:
     output_types: dict[str, str] = field(init=False)
     output_names: list[str] = field(init=False)
     decoupled: bool = field(init=False)
+    # sequence_batching { iterative_sequence: true }: a request the model releases with RESCHEDULE runs again.
+    iterative: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.output_types = {o.name: WIRE_NAME_BY_CONFIG.get(o.data_type, "") for o in self.config.output}
@@ -76,6 +78,7 @@ class ModelState:
             self.output_types[state.output_name] = WIRE_NAME_BY_CONFIG.get(state.data_type, "")
         self.output_names = list(self.output_types)
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
+        self.iterative = self.config.HasField("sequence_batching") and self.config.sequence_batching.iterative_sequence
 
 
 Results = list[InferResponse | EdgedError | None]
@@ -373,12 +376,31 @@ class PythonInstance:
                 for rid in batch.rids:
                     self._end_stream(rid, failure)
             return [failure] * len(batch.requests)
+        results: Results
         if self._state.decoupled:
-            return [None] * len(batch.requests)
-        specs = message.get("responses", [])
-        if len(specs) != len(batch.requests):
-            return [self._error("the stub answered with the wrong number of responses")] * len(batch.requests)
-        return [self._response(request, spec, payload) for request, spec in zip(batch.requests, specs, strict=True)]
+            results = [None] * len(batch.requests)
+        else:
+            specs = message.get("responses", [])
+            if len(specs) != len(batch.requests):
+                return [self._error("the stub answered with the wrong number of responses")] * len(batch.requests)
+            results = [self._response(q, spec, payload) for q, spec in zip(batch.requests, specs, strict=True)]
+        for index in message.get("again", ()):
+            results[index] = self._run_again(batch.requests[index], batch.rids[index])
+        return results
+
+    def _run_again(self, request: InferRequest, rid: int) -> EdgedError | None:
+        """The model released ``request`` with RESCHEDULE. The sequence batcher of an iterative sequence model
+        gives it to a later execute (under a new rid: this one's stream entry goes, not ended); elsewhere it is an
+        error (which also ends a decoupled request's stream), as a request that can never complete must not hang
+        its client."""
+        self._streams.pop(rid, None)
+        if self._state.iterative:
+            request.run_again = True
+            return None
+        return self._error(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, which needs 'sequence_batching "
+            f"{{ iterative_sequence: true }}' in the configuration of model '{self._state.config.name}'"
+        )
 
     def _response(
         self, request: InferRequest, spec: ipc.ResponseMsg, payload: memoryview | None

@@ -58,6 +58,11 @@ else:
 _LEVELS = {pb_utils.Logger.INFO, pb_utils.Logger.WARNING, pb_utils.Logger.ERROR, pb_utils.Logger.VERBOSE}
 
 
+def _runs_again(request: pb_utils.InferenceRequest) -> bool:
+    """Released with RESCHEDULE: the daemon gives the request to a later execute (iterative sequences)."""
+    return bool(request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+
 def describe(exc: BaseException) -> tuple[str, str]:
     """Triton's form of an exception: ``"Type: message"`` for the client, and the frames (``At:`` lines) for the
     log. The frames name files, so they never go into a response."""
@@ -307,6 +312,14 @@ class Runtime:
             else:
                 tensors = ipc.TensorWriter()
                 reply["responses"] = self._responses(requests, result, tensors)
+            again = [i for i, r in enumerate(requests) if _runs_again(r)]
+            if again:
+                # Released with RESCHEDULE: the daemon runs them again (iterative sequences); whatever was answered
+                # for them is dropped, as Triton drops it.
+                reply["again"] = again
+                with self._lock:
+                    for index in again:
+                        self._cancelled.discard(requests[index]._rid)
         except Exception as exc:
             message_text, frames = describe(exc)
             reply["error"] = {"msg": message_text, "code": "INTERNAL"}
@@ -318,10 +331,12 @@ class Runtime:
         self, requests: list[pb_utils.InferenceRequest], result: Any, tensors: ipc.TensorWriter
     ) -> list[ipc.ResponseMsg]:
         if result is None:
-            # Default mode may answer through the response senders instead (one response and FINAL each).
+            # Default mode may answer through the response senders instead (one response and FINAL each); a
+            # request released with RESCHEDULE has no answer this time.
+            answering = [r for r in requests if not _runs_again(r)]
             with self._sent:
-                while not all(r._sender is not None and r._sender._is_closed() for r in requests):
-                    if not self._sent.wait(timeout=1.0) and all(r._sender is None for r in requests):
+                while not all(r._sender is not None and r._sender._is_closed() for r in answering):
+                    if not self._sent.wait(timeout=1.0) and all(r._sender is None for r in answering):
                         raise pb_utils.TritonModelException(
                             "Expected a list in the execute return, found type '<class 'NoneType'>'."
                         )
@@ -333,13 +348,18 @@ class Runtime:
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n"
             )
-        for response in result:
+        messages: list[ipc.ResponseMsg] = []
+        for response, request in zip(result, requests, strict=True):
+            if _runs_again(request):
+                messages.append({})  # runs again: its answer (None, as Triton asks) comes from a later execute
+                continue
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise pb_utils.TritonModelException(
                     "Expected an 'InferenceResponse' object in the execute function return list, found type "
                     f"'{type(response)}'."
                 )
-        return [self._response(r, tensors, q.requested_output_names()) for r, q in zip(result, requests, strict=True)]
+            messages.append(self._response(response, tensors, request.requested_output_names()))
+        return messages
 
     def _response(
         self, response: pb_utils.InferenceResponse, tensors: ipc.TensorWriter, wanted: list[str] | None = None

@@ -516,10 +516,8 @@ class InferenceRequest:
         return _runtime.is_cancelled(self)
 
     def set_release_flags(self, flags: int) -> None:
-        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException(
-                "request rescheduling needs sequence_batching with iterative_sequence, which this server does not run"
-            )
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE runs the request again in a later execute (a model with
+        ``sequence_batching { iterative_sequence: true }``); a default-mode model answers None for it this time."""
         self._release_flags = flags
 
     def exec(self, decoupled: bool = False) -> Any:

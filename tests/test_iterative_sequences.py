@@ -1,0 +1,265 @@
+"""Iterative sequences (``sequence_batching { iterative_sequence: true }``) through the real daemon and tritonclient:
+a Python model releases its requests with RESCHEDULE until each is done, decoupled (a response per iteration over a
+gRPC stream) and not (one answer over HTTP and gRPC), requests at different iterations batched together, Triton's
+sequence errors, cancellation, and the error a model gets for RESCHEDULE without iterative sequences."""
+
+from __future__ import annotations
+
+import queue
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from server import Server, run_server
+from tritonclient.utils import InferenceServerException
+
+# Counts down from IN, one step per execution; remembers where each correlation id is. Decoupled, it sends every
+# step; otherwise it answers None until the last step. IN of 100 or more makes each execution take 20 ms.
+COUNTDOWN: Final = """
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
+        self.left = {}
+
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            key = request.correlation_id()
+            start = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)[0])
+            if start >= 100:
+                time.sleep(0.02)
+            if key not in self.left:
+                self.left[key] = start
+            self.left[key] -= 1
+            left = self.left[key]
+            cancelled = request.is_cancelled()
+            outputs = [
+                pb_utils.Tensor("LEFT", np.array([[left]], np.int32)),
+                pb_utils.Tensor("CORRID", np.array([[key]], np.uint64)),
+                pb_utils.Tensor("FLAGS", np.array([[request.flags()]], np.uint32)),
+                pb_utils.Tensor("BATCH", np.array([[len(requests)]], np.int32)),
+            ]
+            response = pb_utils.InferenceResponse(outputs)
+            done = left <= 0 or cancelled
+            if done:
+                del self.left[key]
+            else:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            if self.decoupled:
+                sender = request.get_response_sender()
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0)
+            else:
+                answers.append(response if done else None)
+        return None if self.decoupled else answers
+"""
+CONFIG: Final = """
+name: "%(name)s"
+backend: "python"
+max_batch_size: 4
+model_transaction_policy { decoupled: %(decoupled)s }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "LEFT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "CORRID" data_type: TYPE_UINT64 dims: [ 1 ] },
+  { name: "FLAGS" data_type: TYPE_UINT32 dims: [ 1 ] },
+  { name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+%(scheduling)s
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+MODELS: Final[dict[str, dict[str, str]]] = {
+    "countdown": {"decoupled": "true", "scheduling": "sequence_batching { iterative_sequence: true }"},
+    "countdown_oldest": {
+        "decoupled": "true",
+        "scheduling": "sequence_batching { iterative_sequence: true oldest { max_candidate_sequences: 4 } }",
+    },
+    "countdown_plain": {"decoupled": "false", "scheduling": "sequence_batching { iterative_sequence: true }"},
+    "countdown_dynamic": {"decoupled": "false", "scheduling": "dynamic_batching { }"},
+    "countdown_sequence": {"decoupled": "true", "scheduling": "sequence_batching { direct { } }"},
+}
+
+
+@pytest.fixture(scope="module")
+def iterative_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo: Path = tmp_path_factory.mktemp("iterative")
+    for name, values in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(COUNTDOWN, encoding="utf-8")
+        (repo / name / "config.pbtxt").write_text(textwrap.dedent(CONFIG % {"name": name, **values}), encoding="utf-8")
+    with run_server([repo]) as server:
+        yield server
+
+
+def _tensor(module: Any, value: int) -> Any:
+    tensor = module.InferInput("IN", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return tensor
+
+
+def _row(result: Any) -> dict[str, int]:
+    return {name: int(result.as_numpy(name)[0, 0]) for name in ("LEFT", "CORRID", "FLAGS", "BATCH")}
+
+
+def _stream(
+    url: str, model: str, requests: list[tuple[str, int, dict[str, Any]]], until_s: float = 30.0
+) -> dict[str, list[Any]]:
+    """Sends the requests on one gRPC stream; every response (a row, then True when it was the final one) or
+    error message by request id, until each request has its final response or an error."""
+    answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for request_id, value, extra in requests:
+        client.async_stream_infer(model, [_tensor(grpcclient, value)], request_id=request_id, **extra)
+    got: dict[str, list[Any]] = {request_id: [] for request_id, _, _ in requests}
+    open_ids = set(got)
+    deadline = time.monotonic() + until_s
+    try:
+        while open_ids and time.monotonic() < deadline:
+            try:
+                result, error = answers.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if error is not None:
+                # The error names no request; it ends the one request of this test that can fail.
+                got.setdefault("error", []).append(error.message())
+                open_ids.pop()
+                continue
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            got[response.id].append((_row(result), final))
+            if final:
+                open_ids.discard(response.id)
+    finally:
+        client.stop_stream()
+    assert not open_ids, f"no final response for {open_ids}: {got}"
+    return got
+
+
+def test_a_decoupled_model_answers_every_iteration(iterative_server: Server) -> None:
+    got = _stream(iterative_server.grpc_url, "countdown", [("a", 3, {}), ("b", 2, {})])
+    for request_id, steps in (("a", 3), ("b", 2)):
+        rows = got[request_id]
+        assert [row["LEFT"] for row, _ in rows] == list(range(steps - 1, -1, -1))
+        assert [final for _, final in rows] == [False] * (steps - 1) + [True]
+        # Each request is a sequence of its own: an id the daemon gave it, START only on its first execution.
+        assert len({row["CORRID"] for row, _ in rows}) == 1 and rows[0][0]["CORRID"] != 0
+        assert [row["FLAGS"] for row, _ in rows] == [1] + [0] * (steps - 1)
+    assert got["a"][0][0]["CORRID"] != got["b"][0][0]["CORRID"]
+
+
+@pytest.mark.parametrize("model", ["countdown", "countdown_oldest"])
+def test_requests_at_different_iterations_run_in_one_batch(iterative_server: Server, model: str) -> None:
+    # Four requests of 103 steps, each execution 20 ms: later ones join the batch while earlier ones iterate.
+    requests: list[tuple[str, int, dict[str, Any]]] = [(str(n), 103, {}) for n in range(4)]
+    got = _stream(iterative_server.grpc_url, model, requests, until_s=60.0)
+    for request_id, _, _ in requests:
+        assert [row["LEFT"] for row, _ in got[request_id]] == list(range(102, -1, -1))
+    assert max(row["BATCH"] for rows in got.values() for row, _ in rows) >= 2
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_model_that_is_not_decoupled_answers_once_at_the_end(iterative_server: Server, protocol: str) -> None:
+    module: Any = httpclient if protocol == "http" else grpcclient
+    url = iterative_server.http_url if protocol == "http" else iterative_server.grpc_url
+    client = module.InferenceServerClient(url)
+    statistics = grpcclient.InferenceServerClient(iterative_server.grpc_url)
+    before = statistics.get_inference_statistics("countdown_plain", as_json=True)["model_stats"][0]
+    result = client.infer("countdown_plain", [_tensor(module, 4)])
+    assert _row(result)["LEFT"] == 0 and _row(result)["FLAGS"] == 0 and _row(result)["CORRID"] != 0
+    after = statistics.get_inference_statistics("countdown_plain", as_json=True)["model_stats"][0]
+    # Four executions for one request that succeeded once.
+    assert int(after["execution_count"]) - int(before.get("execution_count", 0)) == 4
+    success = after["inference_stats"]["success"]
+    assert int(success["count"]) - int(before["inference_stats"]["success"].get("count", 0)) == 1
+
+
+def test_sequence_ids_and_flags_given_by_the_client(iterative_server: Server) -> None:
+    got = _stream(
+        iterative_server.grpc_url,
+        "countdown",
+        [("c", 2, {"sequence_id": 500, "sequence_start": True})],
+    )
+    assert [(row["LEFT"], row["CORRID"], row["FLAGS"]) for row, _ in got["c"]] == [(1, 500, 1), (0, 500, 0)]
+    # END with the first request ends the sequence once the request is done, not after its first execution.
+    got = _stream(
+        iterative_server.grpc_url,
+        "countdown",
+        [("e", 2, {"sequence_id": 602, "sequence_start": True, "sequence_end": True})],
+    )
+    assert [(row["LEFT"], row["FLAGS"]) for row, _ in got["e"]] == [(1, 3), (0, 0)]
+    client = httpclient.InferenceServerClient(iterative_server.http_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("countdown_plain", [_tensor(httpclient, 2)], sequence_id=501)
+    assert (info.value.status(), info.value.message()) == (
+        "400",
+        "inference request for sequence 501 to model 'countdown_plain' must specify the START flag on the first "
+        "request of the sequence",
+    )
+    # Once its request is done, the sequence is over.
+    client.infer("countdown_plain", [_tensor(httpclient, 2)], sequence_id=502, sequence_start=True)
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        client.infer("countdown_plain", [_tensor(httpclient, 2)], sequence_id=502)
+
+
+def test_a_cancelled_request_is_not_run_again(iterative_server: Server) -> None:
+    client = grpcclient.InferenceServerClient(iterative_server.grpc_url)
+    responses: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    client.start_stream(callback=lambda result, error: responses.put(result))
+    client.async_stream_infer("countdown", [_tensor(grpcclient, 100_000)], request_id="long")
+    responses.get(timeout=30)  # it is iterating
+    client.stop_stream(cancel_requests=True)
+
+    def executions() -> int:
+        stats = client.get_inference_statistics("countdown", as_json=True)["model_stats"][0]
+        return int(stats["execution_count"])
+
+    deadline = time.monotonic() + 10
+    settled = executions()
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = executions()
+        if now == settled:
+            break
+        settled = now
+    assert now == settled, "the cancelled request kept being run"
+    # The model still serves.
+    got = _stream(iterative_server.grpc_url, "countdown", [("after", 2, {})])
+    assert [row["LEFT"] for row, _ in got["after"]] == [1, 0]
+
+
+@pytest.mark.parametrize("model", ["countdown_dynamic", "countdown_sequence"])
+def test_reschedule_needs_iterative_sequences(iterative_server: Server, model: str) -> None:
+    expected = (
+        f"Failed to process the request(s) for model instance '{model}_0_0', message: Request is released with "
+        "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, which needs 'sequence_batching { iterative_sequence: true }' in "
+        f"the configuration of model '{model}'"
+    )
+    sequence = {"sequence_id": 900, "sequence_start": True} if model == "countdown_sequence" else {}
+    if model == "countdown_dynamic":
+        client = httpclient.InferenceServerClient(iterative_server.http_url)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(model, [_tensor(httpclient, 2)])
+        assert (info.value.status(), info.value.message()) == ("500", expected)
+        # A request the model does not reschedule is answered as usual.
+        assert _row(client.infer(model, [_tensor(httpclient, 1)]))["LEFT"] == 0
+    else:
+        got = _stream(iterative_server.grpc_url, model, [("x", 2, sequence)])
+        assert got["error"] == [expected]
+        assert [row["LEFT"] for row, _ in got["x"]] == [1]
+        # The model goes on serving.
+        got = _stream(iterative_server.grpc_url, model, [("y", 1, {"sequence_id": 901, "sequence_start": True})])
+        assert [row["LEFT"] for row, _ in got["y"]] == [0]
