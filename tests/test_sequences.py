@@ -5,8 +5,11 @@ errors, sequences pinned to their instance (direct) or batched together (oldest)
 from __future__ import annotations
 
 import json
+import queue
+import shutil
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from conftest import PYTHON_MODELS
 from server import Server, post_json, run_server
 from tritonclient.utils import InferenceServerException
 
@@ -150,6 +154,7 @@ def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
         (repo / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(CONFIG % values), encoding="utf-8"
         )
+    shutil.copytree(PYTHON_MODELS / "simple_sequence", repo / "simple_sequence")
     with run_server([repo]) as server:
         yield server
 
@@ -329,3 +334,68 @@ def test_an_initial_state_from_a_file(sequence_server: Server) -> None:
         "Invalid argument: initial state file 'start.bin' of state 'STATE_IN' in model 'acc_bad_initial' holds 2 "
         "bytes, expected 4"
     )
+
+
+# What tritonclient's sequence examples send to Triton's simple_sequence model, and the answers they check.
+EXAMPLE_VALUES: Final = [11, 7, 5, 3, 2, 0, 1]
+
+
+def _example_sequences() -> list[tuple[int | str, list[int], list[int]]]:
+    """(correlation id, values sent, answers expected) of the examples' three sequences: two numeric ids and a
+    UUID string."""
+    negated = [-v for v in EXAMPLE_VALUES]
+    return [
+        (1000, [0, *EXAMPLE_VALUES], [1, *EXAMPLE_VALUES]),
+        (1001, [100, *negated], [101, *negated]),
+        (str(uuid.uuid4()), [20, *negated], [21, *negated]),
+    ]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_sequence_examples_sync(sequence_server: Server, protocol: str) -> None:
+    module: Any = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(sequence_server.http_url if protocol == "http" else sequence_server.grpc_url)
+    for sequence, values, expected in _example_sequences():
+        answers = []
+        for n, value in enumerate(values):
+            tensor = module.InferInput("INPUT", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.full([1, 1], value, dtype=np.int32))
+            result = client.infer(
+                "simple_sequence",
+                [tensor],
+                outputs=[module.InferRequestedOutput("OUTPUT")],
+                sequence_id=sequence,
+                sequence_start=n == 0,
+                sequence_end=n == len(values) - 1,
+            )
+            answers.append(int(result.as_numpy("OUTPUT")[0][0]))
+        assert answers == expected, sequence
+
+
+def test_tritonclient_sequence_example_stream(sequence_server: Server) -> None:
+    # The three sequences go out on one stream one after the other, the answers come back as they come.
+    results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(sequence_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    sequences = _example_sequences()
+    for sequence, values, _ in sequences:
+        for n, value in enumerate(values):
+            tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.full([1, 1], value, dtype=np.int32))
+            client.async_stream_infer(
+                "simple_sequence",
+                [tensor],
+                request_id=f"{sequence}_{n + 1}",
+                sequence_id=sequence,
+                sequence_start=n == 0,
+                sequence_end=n == len(values) - 1,
+            )
+    answers: dict[str, list[int]] = {str(sequence): [] for sequence, _, _ in sequences}
+    try:
+        for _ in range(sum(len(values) for _, values, _ in sequences)):
+            item = results.get(timeout=30)
+            assert not isinstance(item, InferenceServerException), item
+            answers[item.get_response().id.rsplit("_", 1)[0]].append(int(item.as_numpy("OUTPUT")[0][0]))
+    finally:
+        client.stop_stream()
+    assert answers == {str(sequence): expected for sequence, _, expected in sequences}
