@@ -55,6 +55,12 @@ class TritonPythonModel:
                 "corrid": corrid.tolist() if corrid.dtype != object else [[corrid.reshape(-1)[0].decode()]],
                 "dtypes": [str(start.dtype), str(end.dtype), str(ready.dtype), str(corrid.dtype)],
                 "shapes": [list(start.shape), list(corrid.shape)], "n": len(requests), "pid": os.getpid(),
+                "rows": [
+                    [bool(pb_utils.get_input_tensor_by_name(r, "READY").as_numpy().reshape(-1)[0]),
+                     int(pb_utils.get_input_tensor_by_name(r, "CORRID").as_numpy().reshape(-1)[0]),
+                     int(pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy().reshape(-1)[0])]
+                    for r in requests
+                ] if corrid.dtype != object else [],
             }
             out = pb_utils.Tensor("OUTPUT", np.array([[self.totals[key]]], dtype=np.int32))
             responses.append(pb_utils.InferenceResponse([out], parameters={"info": json.dumps(info)}))
@@ -80,6 +86,7 @@ MODELS: Final[dict[str, dict[str, Any]]] = {
     "acc": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_UINT64", "count": 2},
     "acc_strings": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_STRING", "count": 1},
     "acc_idle": {"strategy": "", "idle": 300_000, "corrid": "TYPE_UINT64", "count": 1},
+    "acc_slots": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_UINT64", "count": 1},
     "acc_delay": {
         "strategy": "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 3 ] "
         "max_queue_delay_microseconds: 5000000 }",
@@ -399,3 +406,22 @@ def test_tritonclient_sequence_example_stream(sequence_server: Server) -> None:
     finally:
         client.stop_stream()
     assert answers == {str(sequence): expected for sequence, _, expected in sequences}
+
+
+def test_direct_slots_below_a_ready_one_get_null_requests(sequence_server: Server) -> None:
+    # As Triton 2.51 does (checked): row i of a batch is slot i, and an idle slot below the highest one with a
+    # request holds a null request (READY false, CORRID 0, zeros) whose answer goes nowhere.
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    assert _send(client, "acc_slots", 3001, 1, sequence_start=True)[1]["rows"] == [[True, 3001, 1]]
+    assert _send(client, "acc_slots", 3002, 10, sequence_start=True)[1]["rows"] == [[False, 0, 0], [True, 3002, 10]]
+    total, info = _send(client, "acc_slots", 3003, 100, sequence_start=True)
+    assert total == 100 and info["rows"] == [[False, 0, 0], [False, 0, 0], [True, 3003, 100]]
+    total, info = _send(client, "acc_slots", 3002, 20)
+    assert total == 30 and info["rows"] == [[False, 0, 0], [True, 3002, 20]]
+    # Slot 0's sequence ends; the next sequence takes the lowest free slot.
+    total, info = _send(client, "acc_slots", 3001, 2, sequence_end=True)
+    assert total == 3 and info["rows"] == [[True, 3001, 2]]
+    total, info = _send(client, "acc_slots", 3004, 1000, sequence_start=True)
+    assert total == 1000 and info["rows"] == [[True, 3004, 1000]]
+    total, info = _send(client, "acc_slots", 3003, 1)
+    assert total == 101 and info["rows"] == [[False, 0, 0], [False, 0, 0], [True, 3003, 1]]

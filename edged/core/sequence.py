@@ -10,11 +10,12 @@ types the config gives) and, for ``state`` entries, the sequence's implicit stat
 request (the initial state at START) goes in as the state input, and the state output is kept, not returned.
 
 Requests of one sequence run one after the other, in order. With the ``direct`` strategy (the default) a sequence
-keeps the instance it started on for its whole life, and each instance holds at most ``max_batch_size`` sequences at
-once (more wait until one ends); with ``oldest`` any free instance takes the sequences whose next requests are the
-oldest, waiting up to its ``max_queue_delay_microseconds`` for a batch of a ``preferred_batch_size`` or a full one.
-A batch holds at most one request per sequence. Unlike Triton's direct strategy, idle slots are not filled
-with "not ready" requests: a model sees only real requests.
+keeps the instance and the batch slot it started on for its whole life, each instance having ``max_batch_size``
+slots (more sequences wait until one ends): a batch's row *i* is always slot *i*'s sequence, and, as in Triton, a slot
+whose sequence has nothing to run, below the highest slot that has, is filled with a "null" request (zeros, READY
+false, CORRID 0) whose answer is dropped, for models that keep per-slot state by row. With ``oldest`` any free
+instance takes the sequences whose next requests are the oldest, waiting up to its ``max_queue_delay_microseconds``
+for a batch of a ``preferred_batch_size`` or a full one. A batch holds at most one request per sequence.
 
 With ``iterative_sequence: true`` one request is a whole sequence, run over several executions: a request without a
 correlation id gets one of its own and the START flag, and each time the model releases it with RESCHEDULE
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edged.core.inference import InferInput
+from edged.core.inference import InferInput, InferRequest
 from edged.core.scheduler import BatchRunner
 from edged.core.stats import ExecutionTiming, FailureReason
 from edged.errors import EdgedError, ErrorCode
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from edged.backends.base import BackendInstance
-    from edged.core.inference import InferRequest, InferResponse
+    from edged.core.inference import InferResponse
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -107,6 +108,7 @@ class _Sequence:
     instance: int | None  # direct strategy: the instance it lives on (None while it waits for a slot)
     started_ns: int
     last_ns: int
+    slot: int = -1  # direct strategy: its row in the instance's batches
     pending: deque[_Pending] = field(default_factory=deque)
     running: bool = False
     ended: bool = False
@@ -292,14 +294,16 @@ class SequenceBatcher:
         return sequence
 
     def _place(self, sequence: _Sequence) -> None:
-        """Direct strategy: the instance with the fewest sequences, if one has a free slot; else wait."""
-        counts = [0] * len(self._instances)
+        """Direct strategy: the lowest free slot of the instance with the fewest sequences, if one has a free
+        slot; else wait."""
+        taken: list[set[int]] = [set() for _ in self._instances]
         for other in self._sequences.values():
             if other.instance is not None and other.instance >= 0 and other is not sequence:
-                counts[other.instance] += 1
-        best = min(range(len(counts)), key=counts.__getitem__) if counts else None
-        if best is not None and counts[best] < self._slots:
+                taken[other.instance].add(other.slot)
+        best = min(range(len(taken)), key=lambda index: len(taken[index])) if taken else None
+        if best is not None and len(taken[best]) < self._slots:
             sequence.instance = best
+            sequence.slot = min(set(range(self._slots)) - taken[best])
         else:
             self._waiting.append(sequence)
 
@@ -323,26 +327,29 @@ class SequenceBatcher:
             self._idle.set()
         if sequence in self._waiting:
             self._waiting.remove(sequence)
-        freed = sequence.instance
-        sequence.instance = None
+        freed, slot = sequence.instance, sequence.slot
+        sequence.instance, sequence.slot = None, -1
         if freed is not None and freed >= 0 and self._waiting:
-            self._waiting.popleft().instance = freed
+            waiting = self._waiting.popleft()
+            waiting.instance, waiting.slot = freed, slot
 
-    def _add_controls(self, request: InferRequest, sequence: _Sequence, start: bool, end: bool) -> None:
+    def _add_controls(self, request: InferRequest, sequence: _Sequence | None, start: bool, end: bool) -> None:
+        """The control inputs, for a request of ``sequence``; None: for a null request (not READY, CORRID 0)."""
         shape = (1, 1) if self._batching else (1,)
         for control in self._controls:
             if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
+                key = sequence.key if sequence is not None else ""
                 if control.datatype == "BYTES":
-                    value: Any = np.array([str(sequence.key).encode()], dtype=np.object_)
+                    value: Any = np.array([str(key).encode()], dtype=np.object_)
                 else:
-                    value = np.array([_corrid_number(sequence.key)], dtype=control.dtype)
+                    value = np.array([_corrid_number(key) if key else 0], dtype=control.dtype)
             else:
                 flag = (
                     start
                     if control.kind == _Control.CONTROL_SEQUENCE_START
                     else end
                     if control.kind == _Control.CONTROL_SEQUENCE_END
-                    else control.kind == _Control.CONTROL_SEQUENCE_READY
+                    else control.kind == _Control.CONTROL_SEQUENCE_READY and sequence is not None
                 )
                 value = np.array([control.values[1] if flag else control.values[0]], dtype=control.dtype)
             request.inputs.append(InferInput(control.name, control.datatype, shape, value.reshape(shape)))
@@ -359,6 +366,9 @@ class SequenceBatcher:
                 if s.pending and not s.running and (s.instance == index or (self._oldest and s.instance == -1))
             ]
             if not runnable:
+                continue
+            if not self._oldest:
+                self._start(index, runnable)  # at most one sequence per slot: all of them
                 continue
             runnable.sort(key=lambda s: s.pending[0].request.arrival_ns)
             count = min(len(runnable), self._slots)
@@ -388,20 +398,63 @@ class SequenceBatcher:
             pending = sequence.pending.popleft()
             sequence.running = True
             self._stats.pending -= 1
-            for state in self._states:
-                value = sequence.state[state.input_name]
-                shape = (1, *value.shape) if self._batching else value.shape
-                pending.request.inputs.append(InferInput(state.input_name, state.datatype, shape, value.reshape(shape)))
+            self._add_states(pending.request, sequence.state)
             batch.append((sequence, pending))
         self._busy[index] = True
-        requests = [pending.request for _, pending in batch]
+        if self._oldest:
+            requests = [pending.request for _, pending in batch]
+        else:
+            # Row i is slot i: null requests stand in for the slots below the highest one that have nothing to run.
+            by_slot = {sequence.slot: pending for sequence, pending in batch}
+            template = batch[0][1]
+            requests = [
+                by_slot[slot].request if slot in by_slot else self._null_request(template)
+                for slot in range(max(by_slot) + 1)
+            ]
+            batch.sort(key=lambda item: item[0].slot)
         timing = ExecutionTiming()
         started = time.monotonic_ns()
         results = self._runner.run(
-            self._instances[index], requests, timing, lambda done: self._finish(index, batch, started, timing, done)
+            self._instances[index],
+            requests,
+            timing,
+            lambda done: self._finish(index, batch, started, timing, self._real(requests, batch, done), len(requests)),
         )
         if results is not None:  # ran inline: finish on the next turn, so _schedule's loop is not re-entered
-            asyncio.get_running_loop().call_soon(self._finish, index, batch, started, timing, results)
+            real = self._real(requests, batch, results)
+            asyncio.get_running_loop().call_soon(self._finish, index, batch, started, timing, real, len(requests))
+
+    def _add_states(self, request: InferRequest, states: dict[str, np.ndarray[Any, Any]]) -> None:
+        for state in self._states:
+            value = states[state.input_name]
+            shape = (1, *value.shape) if self._batching else value.shape
+            request.inputs.append(InferInput(state.input_name, state.datatype, shape, value.reshape(shape)))
+
+    def _null_request(self, like: _Pending) -> InferRequest:
+        """Triton's null request for an idle slot: the inputs of a real request of the batch as zeros (empty
+        strings), READY false, CORRID 0, the initial state."""
+        real = like.request
+        inputs = []
+        for tensor in real.inputs[: like.own_inputs]:
+            if tensor.datatype == "BYTES":
+                data = np.full(tensor.shape, b"", dtype=np.object_)
+            else:
+                assert tensor.data is not None  # validation decodes every input
+                data = np.zeros(tensor.shape, dtype=tensor.data.dtype)
+            inputs.append(InferInput(tensor.name, tensor.datatype, tensor.shape, data))
+        request = InferRequest(real.model_name, real.model_version, "", inputs, real.outputs)
+        request.arrival_ns = real.arrival_ns
+        self._add_controls(request, None, False, False)
+        self._add_states(request, {state.input_name: state.initial for state in self._states})
+        return request
+
+    @staticmethod
+    def _real(requests: list[InferRequest], batch: list[tuple[_Sequence, _Pending]], results: list[Any]) -> list[Any]:
+        """The results of the batch's real requests, in the batch's order (a null request's answer is dropped)."""
+        if len(results) == len(batch):
+            return results
+        row = {id(request): n for n, request in enumerate(requests)}
+        return [results[row[id(pending.request)]] for _, pending in batch]
 
     def _finish(
         self,
@@ -410,9 +463,11 @@ class SequenceBatcher:
         started: int,
         timing: ExecutionTiming,
         results: list[Any],
+        size: int,
     ) -> None:
+        """An execution of ``size`` rows is over; ``results`` are those of the batch's real requests."""
         self._busy[index] = False
-        self._stats.record_execution(len(batch), timing)
+        self._stats.record_execution(size, timing)
         now = time.monotonic_ns()
         for (sequence, pending), outcome in zip(batch, results, strict=True):
             sequence.running = False
