@@ -70,6 +70,8 @@ class ModelState:
     decoupled: bool = field(init=False)
     # sequence_batching { iterative_sequence: true }: a request the model releases with RESCHEDULE runs again.
     iterative: bool = field(init=False)
+    # Outputs the model answered with that its configuration does not declare as they came (logged once each).
+    warned_outputs: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.output_types = {o.name: WIRE_NAME_BY_CONFIG.get(o.data_type, "") for o in self.config.output}
@@ -407,7 +409,7 @@ class PythonInstance:
     ) -> InferResponse | EdgedError:
         stub = self._stub
         assert stub is not None
-        return read_response(request, spec, payload, stub.consumer, self._state, self._error)
+        return read_response(request, spec, payload, stub.consumer, self._state)
 
     def _on_response(self, message: dict[str, Any], payload: memoryview | None) -> None:
         rid = int(message["rid"])

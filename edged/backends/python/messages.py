@@ -1,9 +1,10 @@
 """The daemon's side of the execute messages: a core request as the stub reads it, and a stub's response as a core
-response (its outputs checked against the model's configuration)."""
+response (its outputs compared with the model's configuration)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from edged.backends.python import ipc
@@ -11,11 +12,11 @@ from edged.core.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from edged.backends.python import shm
     from edged.backends.python.instance import ModelState
     from edged.core.inference import InferRequest
+
+log = logging.getLogger("edged.backends.python")
 
 # Request parameters that are request fields in Triton's API rather than entries of parameters().
 _RESERVED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"})
@@ -61,10 +62,12 @@ def read_response(
     payload: memoryview | None,
     consumer: shm.Consumer,
     state: ModelState,
-    error: Callable[[str], EdgedError],
 ) -> InferResponse | EdgedError:
-    """The stub's response to ``request``: its error as the model gave it, or its outputs, each one a name and
-    type the configuration declares (``error`` words what is wrong)."""
+    """The stub's response to ``request``: its error as the model gave it, or its outputs.
+
+    As Triton 2.51 does, an output the configuration does not declare is dropped and one of another data type than
+    declared goes out with its own (python_backend's own bls_decoupled example answers INT64 for a TYPE_INT32
+    output); either is logged once per model and output, for a model that does not do it on purpose."""
     failure = spec.get("error")
     if failure is not None:
         code = ErrorCode.__members__.get(str(failure.get("code")), ErrorCode.INTERNAL)
@@ -75,18 +78,31 @@ def read_response(
         name, datatype = desc["n"], desc["d"]
         expected = state.output_types.get(name)
         if expected is None:
-            declared = ", ".join(state.output_names)
-            return error(f"output '{name}' is not an output of model '{model}'; its outputs are: {declared}")
+            _warn_once(
+                state,
+                name,
+                f"model '{model}' answered with output '{name}', which its configuration does not declare "
+                f"(its outputs: {', '.join(state.output_names)}); the output is dropped",
+            )
+            continue
         if datatype != expected:
-            return error(
+            _warn_once(
+                state,
+                name,
                 f"output '{name}' of model '{model}' is {datatype}, but the model configuration declares "
-                f"{_config_type(expected)}"
+                f"{_config_type(expected)}; it is sent as {datatype}",
             )
         # Copied out of the stub's ring (or the packet), which is reused as soon as this message is read.
         array = ipc.read_tensor(consumer, desc, copy=True, payload=payload)
         outputs.append(InferOutput(name, datatype, tuple(array.shape), array))
     parameters = spec.get("parameters") or {}
     return InferResponse(request.model_name, str(request.model_version), request.id, outputs, dict(parameters))
+
+
+def _warn_once(state: ModelState, output: str, message: str) -> None:
+    if output not in state.warned_outputs:
+        state.warned_outputs.add(output)
+        log.warning("%s", message)
 
 
 def _config_type(wire: str) -> str:
