@@ -51,7 +51,8 @@ class TritonPythonModel:
                 pb_utils.Tensor("LEFT", np.array([[left]], np.int32)),
                 pb_utils.Tensor("CORRID", np.array([[key]], np.uint64)),
                 pb_utils.Tensor("FLAGS", np.array([[request.flags()]], np.uint32)),
-                pb_utils.Tensor("BATCH", np.array([[len(requests)]], np.int32)),
+                # Requests of sequences in this execution (the direct strategy's null requests have id 0).
+                pb_utils.Tensor("BATCH", np.array([[sum(1 for r in requests if r.correlation_id())]], np.int32)),
             ]
             response = pb_utils.InferenceResponse(outputs)
             done = left <= 0 or cancelled
