@@ -43,6 +43,7 @@ from edged.core.shared_memory import SharedMemoryManager
 from edged.frontends.grpc import GrpcOptions, GrpcServer
 from edged.frontends.http import create_http_app
 from edged.frontends.http_infer import HttpOptions
+from edged.frontends.http_protocol import InferHttpProtocol
 from edged.metrics import MetricsCollector, ModelMetrics, SystemMetrics, create_metrics_app
 from edged.state.store import StateError, StateStore
 from edged.systemd import ServiceNotifier
@@ -94,12 +95,15 @@ def _configure_logging(settings: Settings) -> None:
         raise SystemExit(1) from None
 
 
-def _uvicorn_config(app: Any, host: str, port: int, exit_timeout_s: float) -> uvicorn.Config:
+def _uvicorn_config(
+    app: Any, host: str, port: int, exit_timeout_s: float, protocol: type[asyncio.Protocol] | None = None
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        http="httptools",
+        # The HTTP endpoint's protocol answers inference requests itself (edged.frontends.http_protocol).
+        http=protocol or "httptools",
         loop="none",
         lifespan="off",
         access_log=False,
@@ -354,12 +358,14 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
         if stop.is_set():
             return 0
         http_socket, *metrics_socket = sockets
+        http_options = HttpOptions(max_input_size=settings.http_max_input_size)
         http = _Server(
             _uvicorn_config(
-                create_http_app(service, HttpOptions(max_input_size=settings.http_max_input_size)),
+                create_http_app(service, http_options),
                 settings.http_address,
                 settings.http_port,
                 exit_timeout_s,
+                InferHttpProtocol.serving(service, http_options),
             )
         )
         servers.append(http)

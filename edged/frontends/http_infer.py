@@ -1,9 +1,11 @@
-"""The infer endpoint as a plain ASGI handler, ahead of the Litestar router: ``POST /v2/models/{model}
-[/versions/{version}]/infer``, the path every inference takes.
+"""The infer endpoint, ``POST /v2/models/{model}[/versions/{version}]/infer``, the path every inference takes.
 
-It reads the body itself (size limit, decompression) and writes the reply bytes itself, so the hot path is one JSON
-decode, numpy views over the body, and one encode. A client that closes its connection before the answer cancels
-its request, as a cancelled gRPC call does. Every other path goes to the Litestar app (edged.frontends.http).
+``answer_infer`` is the endpoint: from the path, headers and body to the reply (size limit, decompression, one JSON
+decode, numpy views over the body, one encode). The connection protocol (edged.frontends.http_protocol) calls it
+straight from the parsed request; ``InferRoute``, a plain ASGI handler ahead of the Litestar router, calls it for
+the requests the protocol leaves to ASGI (pipelined behind another, ``Expect: 100-continue``, HTTP/1.0, escaped
+paths). A client that closes its connection before the answer cancels its request, as a cancelled gRPC call does.
+Every other path goes to the Litestar app (edged.frontends.http).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import logging
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from edged.core.inference import InferRequest
@@ -26,6 +28,8 @@ from edged.frontends.http_codec import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
     from edged.core.inference import InferResponse
@@ -55,6 +59,82 @@ class HttpOptions:
 
 def status_for(error: EdgedError) -> int:
     return STATUS_BY_CODE.get(error.code, 400)
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: bytes = _JSON
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+class BodyTooLarge(Exception):
+    """The request body is over ``HttpOptions.max_input_size`` (413)."""
+
+
+def declared_too_large(declared: str | None, limit: int) -> BodyTooLarge | None:
+    """The refusal of a body whose Content-Length is over the limit, before any of it is read."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    return None
+
+
+def streamed_too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+
+
+async def answer_infer(
+    service: InferenceService,
+    options: HttpOptions,
+    path: str,
+    model_name: str,
+    version_text: str | None,
+    headers: dict[str, str],
+    read_body: Callable[[], Awaitable[bytes]],
+    run: Callable[[InferRequest, ModelVersion], Awaitable[InferResponse | None]],
+) -> Reply | None:
+    """The reply to a POST to the infer path; None when the client went away first (``run`` answers None).
+
+    The model is looked up before the body is read, so an unknown model is answered without reading a large body.
+    ``read_body`` gives the body as sent (raising BodyTooLarge past the limit); ``run`` runs the inference.
+    """
+    try:
+        version = url_version(version_text)
+        model = service.find_model(model_name, version)
+        if model.config is not None and model.config.model_transaction_policy.decoupled:
+            raise EdgedError(
+                ErrorCode.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy"
+            )
+        body = decode_body(await read_body(), headers, options.max_input_size)
+        header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
+        if header_length == 0 or (header_length is None and not body):
+            # A raw binary request: the body is the model's single input, every output comes back binary.
+            request = InferRequest(model_name, version, "", [service.raw_input(model, body)])
+            binary_default = True
+        else:
+            request, binary_default = decode_infer_request(model_name, version, body, header_length)
+        response = await run(request, model)
+        if response is None:
+            return None
+        payload, json_length = encode_infer_response(response, request.outputs, binary_default)
+    except EdgedError as exc:
+        return Reply(status_for(exc), error_body(exc.message))
+    except BodyTooLarge as exc:
+        return Reply(413, error_body(str(exc)))
+    except Exception:
+        # A bug, not a bad request: logged with its traceback, answered without it.
+        log.exception("unhandled error in POST %s", path)
+        return Reply(500, error_body("internal error"))
+    reply = Reply(200, payload)
+    if json_length is not None:
+        reply.content_type = _OCTETS
+        reply.headers.append((b"inference-header-content-length", str(json_length).encode()))
+    encoding = _accepted_encoding(headers.get("accept-encoding"))
+    if encoding is not None:
+        reply.body = _compress(payload, encoding)
+        reply.headers.append((b"content-encoding", encoding.encode()))
+    return reply
 
 
 class InferRoute:
@@ -93,51 +173,21 @@ class InferRoute:
             await _send(send, 405, error_body("Method Not Allowed"), _JSON)
             return
         headers = _headers(scope)
-        try:
-            version = url_version(version_text)
-            model = service.find_model(model_name, version)
-            if model.config is not None and model.config.model_transaction_policy.decoupled:
-                raise EdgedError(
-                    ErrorCode.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy"
-                )
-            body = await _read_body(receive, headers, options.max_input_size)
-            header_length = parse_header_length(headers.get(_HEADER_LENGTH), len(body))
-            if header_length == 0 or (header_length is None and not body):
-                # A raw binary request: the body is the model's single input, every output comes back binary.
-                request = InferRequest(model_name, version, "", [service.raw_input(model, body)])
-                binary_default = True
-            else:
-                request, binary_default = decode_infer_request(model_name, version, body, header_length)
-            response = await _infer_unless_disconnected(service, request, model, receive)
-            if response is None:
-                log.debug("client of a POST %s went away: its request was cancelled", scope["path"])
-                return
-            payload, json_length = encode_infer_response(response, request.outputs, binary_default)
-        except EdgedError as exc:
-            await _send(send, status_for(exc), error_body(exc.message), _JSON)
+        path: str = scope["path"]
+        reply = await answer_infer(
+            service,
+            options,
+            path,
+            model_name,
+            version_text,
+            headers,
+            lambda: _receive_body(receive, headers, options.max_input_size),
+            lambda request, model: _infer_unless_disconnected(service, request, model, receive),
+        )
+        if reply is None:
+            log.debug("client of a POST %s went away: its request was cancelled", path)
             return
-        except _BodyTooLarge as exc:
-            await _send(send, 413, error_body(str(exc)), _JSON)
-            return
-        except Exception:
-            # A bug, not a bad request: logged with its traceback, answered without it.
-            log.exception("unhandled error in POST %s", scope["path"])
-            await _send(send, 500, error_body("internal error"), _JSON)
-            return
-        extra: list[tuple[bytes, bytes]] = []
-        content_type = _JSON
-        if json_length is not None:
-            content_type = _OCTETS
-            extra.append((b"inference-header-content-length", str(json_length).encode()))
-        encoding = _accepted_encoding(headers.get("accept-encoding"))
-        if encoding is not None:
-            payload = _compress(payload, encoding)
-            extra.append((b"content-encoding", encoding.encode()))
-        await _send(send, 200, payload, content_type, extra)
-
-
-class _BodyTooLarge(Exception):
-    pass
+        await _send(send, reply.status, reply.body, reply.content_type, reply.headers)
 
 
 async def _infer_unless_disconnected(
@@ -202,10 +252,10 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+async def _receive_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    refusal = declared_too_large(headers.get("content-length"), limit)
+    if refusal is not None:
+        raise refusal
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -216,11 +266,15 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise _BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+                raise streamed_too_large(limit)
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def decode_body(body: bytes, headers: dict[str, str], limit: int) -> bytes:
+    """The body as the client meant it: decompressed per Content-Encoding, within the size limit."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
@@ -238,7 +292,7 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     except zlib.error as exc:
         raise EdgedError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: {exc}") from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise _BodyTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+        raise BodyTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
     if not inflater.eof:
         raise EdgedError(ErrorCode.INVALID_ARG, "failed to decompress the request body: it is truncated")
     return out
