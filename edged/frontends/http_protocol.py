@@ -6,7 +6,8 @@ messages and two writes for the reply; for a small model that was a quarter of t
 the daemon's single event loop is what bounds its throughput. So a ``POST /v2/models/{model}[/versions/{v}]/infer``
 is taken from the parser as it arrives: its body is gathered (within ``--http-max-input-size``), one task runs
 ``answer_infer`` (the same function the ASGI route runs) and the reply goes out in one write. Measured with
-perf_analyzer on a Python add/sub model: +28% requests/s at 16 clients, -30 us p50 at 1.
+perf_analyzer on 2 cores: the ONNX add_sub +29% requests/s at 16 clients, a Python add/sub model +10-18% (its stub
+processes take their share of the cores) and some 25 us less p50 at 1 client.
 
 Everything else goes through uvicorn unchanged, and so does an infer request the protocol cannot answer on its own
 without getting in uvicorn's way: one pipelined behind another request, one that expects ``100 Continue``, an
