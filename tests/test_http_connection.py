@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import tritonclient.http as httpclient
 from conftest import SMALL_MAX_INPUT_SIZE
 
 if TYPE_CHECKING:
@@ -188,3 +189,14 @@ def test_the_connection_stays_usable_after_a_refused_body(bundled_server: Server
         assert _output0(connection.answer()) == [20.0] * 16
     finally:
         connection.close()
+
+
+def test_large_binary_request_and_reply(client: httpclient.InferenceServerClient) -> None:
+    # 2 MiB each way: the reply's body is written after its head rather than joined to it.
+    data = np.arange(512 * 1024, dtype=np.float32).reshape(1, -1)
+    tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data, binary_data=True)
+    result = client.infer(
+        "identity_fp32", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)]
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)

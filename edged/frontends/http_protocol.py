@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edged.frontends.http")
 
+# A reply body up to this size is joined to its head and sent in one write.
+_JOIN_MAX = 256 * 1024
 # Unescaped paths only (no '%', no query): anything else goes the ASGI way, which decodes it.
 _INFER_PATH = re.compile(rb"/v2/models/([^/?%]+)(?:/versions/([0-9]+))?/infer")
 
@@ -203,5 +205,10 @@ class InferHttpProtocol(HttpToolsProtocol):
             head += [name, b": ", value, b"\r\n"]
         if not keep_alive:
             head.append(b"connection: close\r\n")
-        head += [b"\r\n", reply.body]
-        self.transport.write(b"".join(head))
+        head.append(b"\r\n")
+        if len(reply.body) > _JOIN_MAX:
+            self.transport.write(b"".join(head))  # a large body is not copied to be joined to its head
+            self.transport.write(reply.body)
+        else:
+            head.append(reply.body)
+            self.transport.write(b"".join(head))
