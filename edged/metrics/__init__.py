@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edged.metrics.config import MetricsConfig, parse_metrics_config
-from edged.metrics.exposition import CONTENT_TYPE, Family, format_value, render
+from edged.metrics.exposition import CONTENT_TYPE, Family, render
 from edged.metrics.models import ModelMetrics, observe_first_response, observe_request
 from edged.metrics.system import SystemMetrics
 
@@ -69,12 +69,7 @@ def custom_family(family: CustomMetricFamily) -> Family:
         if family.kind != "histogram":
             out.add(labels, metric.value)
             continue
-        out.add(labels, metric.count, "_count")
-        out.add(labels, metric.value, "_sum")
-        cumulative = 0
-        for bound, count in zip((*metric.buckets, float("inf")), metric.bucket_counts, strict=True):
-            cumulative += count
-            out.add((*labels, ("le", format_value(bound))), cumulative, "_bucket")
+        out.add_histogram(labels, metric.count, metric.value, metric.buckets, metric.bucket_counts)
     return out
 
 

@@ -35,6 +35,18 @@ class Family:
     def add(self, labels: Labels, value: float, suffix: str = "") -> None:
         self.samples.append(Sample(self.name + suffix, labels, value))
 
+    def add_histogram(
+        self, labels: Labels, count: float, total: float, bounds: Iterable[float], counts: Iterable[float]
+    ) -> None:
+        """One histogram's samples: ``_count``, ``_sum`` and the cumulative ``_bucket`` per upper bound (``counts``
+        per bucket, the last one for ``+Inf``)."""
+        self.add(labels, count, "_count")
+        self.add(labels, total, "_sum")
+        cumulative = 0.0
+        for bound, bucket in zip((*bounds, float("inf")), counts, strict=True):
+            cumulative += bucket
+            self.add((*labels, ("le", format_value(bound))), cumulative, "_bucket")
+
 
 # What Triton sends with its metrics (the 0.0.4 text format).
 CONTENT_TYPE = "text/plain; charset=utf-8"

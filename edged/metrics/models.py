@@ -275,12 +275,7 @@ class ModelMetrics:
                         family.add((*labels, ("quantile", format_value(q))), value)
             if self._config.histogram_latencies:
                 observed = self._recorder.histogram_of(key, first_response_buckets(config))
-                histogram.add(labels, observed.count, "_count")
-                histogram.add(labels, observed.sum, "_sum")
-                cumulative = 0
-                for bound, bucket in zip((*observed.bounds, float("inf")), observed.counts, strict=True):
-                    cumulative += bucket
-                    histogram.add((*labels, ("le", format_value(bound))), cumulative, "_bucket")
+                histogram.add_histogram(labels, observed.count, observed.sum, observed.bounds, observed.counts)
         families = [success, failure, count, exec_count]
         if self._config.counter_latencies:
             families += durations

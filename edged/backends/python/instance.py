@@ -15,25 +15,22 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edged.backends.python import ipc, shm
 from edged.backends.python.messages import read_response, request_spec
 from edged.backends.python.process import StubGone, StubProcess
 from edged.backends.python.server_calls import ServerCalls
-from edged.core.datatypes import WIRE_NAME_BY_CONFIG
 from edged.core.inference import InferRequest, InferResponse, StreamResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from edged.backends.base import ServerApi
-    from edged.backends.python.backend import PythonBackend
+    from edged.backends.python.model_state import ModelState
     from edged.core.devices import InstancePlacement
     from edged.core.stats import ExecutionTiming
-    from edged.proto.model_config_pb2 import ModelConfig
 
 log = logging.getLogger("edged.backends.python")
 
@@ -49,38 +46,6 @@ def stub_log(instance: str, message: dict[str, Any]) -> None:
         return
     level = _LOG_LEVELS.get(int(message.get("level", 0)), logging.INFO)
     log.log(level, "%s: %s", instance, message.get("msg", ""))
-
-
-@dataclass(slots=True)
-class ModelState:
-    """What every instance of one model version shares."""
-
-    config: ModelConfig
-    settings_timeout_s: float
-    shm_size: int
-    interpreter: str
-    env: dict[str, str]
-    init: dict[str, Any]
-    args: dict[str, str]
-    backend: PythonBackend
-    host: ServerApi | None
-
-    output_types: dict[str, str] = field(init=False)
-    output_names: list[str] = field(init=False)
-    decoupled: bool = field(init=False)
-    # sequence_batching { iterative_sequence: true }: a request the model releases with RESCHEDULE runs again.
-    iterative: bool = field(init=False)
-    # Outputs the model answered with that its configuration does not declare as they came (logged once each).
-    warned_outputs: set[str] = field(init=False, default_factory=set)
-
-    def __post_init__(self) -> None:
-        self.output_types = {o.name: WIRE_NAME_BY_CONFIG.get(o.data_type, "") for o in self.config.output}
-        # A sequence model may also answer with its implicit state, which the sequence batcher takes back.
-        for state in self.config.sequence_batching.state:
-            self.output_types[state.output_name] = WIRE_NAME_BY_CONFIG.get(state.data_type, "")
-        self.output_names = list(self.output_types)
-        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
-        self.iterative = self.config.HasField("sequence_batching") and self.config.sequence_batching.iterative_sequence
 
 
 Results = list[InferResponse | EdgedError | None]

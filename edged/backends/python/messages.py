@@ -13,7 +13,7 @@ from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from edged.backends.python import shm
-    from edged.backends.python.instance import ModelState
+    from edged.backends.python.model_state import ModelState
     from edged.core.inference import InferRequest
 
 log = logging.getLogger("edged.backends.python")
