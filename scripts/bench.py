@@ -1208,6 +1208,16 @@ def python_table(rows: Sequence[tuple[Row, Row]]) -> str:
     return _markdown(PYTHON_HEADER, body, PYTHON_TEXT_COLUMNS)
 
 
+def _run_info(argv: list[str] | None, machine: dict[str, Any], load: LoadGenerator) -> dict[str, Any]:
+    """What every phase's results begin with: when, the command, the machine and the load generator."""
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine,
+        "load_generator": load.description,
+    }
+
+
 def save_results(key: str, value: dict[str, Any]) -> None:
     """Puts ``value`` under ``key`` in bench-results.json and keeps the file's other keys (other phases' results)."""
     results: dict[str, Any] = {}
@@ -1409,10 +1419,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS_FILE.write_text(
         json.dumps(
             {
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
-                "machine": machine,
-                "load_generator": load.description,
+                **_run_info(argv, machine, load),
                 "protocols": [m.name for m in shown],
                 "shared_memory": shm.unavailable or ("measured" if client_shm else "not asked for"),
                 "triton": triton_note,
@@ -1523,10 +1530,7 @@ def run_batching(
     RESULTS_FILE.write_text(
         json.dumps(
             {
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
-                "machine": machine,
-                "load_generator": load.description,
+                **_run_info(argv, machine, load),
                 "protocols": [m.name for m in modes],
                 "triton": triton_note,
                 "cpu_busy_before": busy,
@@ -1611,10 +1615,7 @@ def run_python(
     save_results(
         "python",
         {
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
-            "machine": machine,
-            "load_generator": load.description,
+            **_run_info(argv, machine, load),
             "protocols": [m.name for m in modes],
             "triton": triton_note,
             "instances": instances,
