@@ -111,7 +111,6 @@ class _Sequence:
     slot: int = -1  # direct strategy: its row in the instance's batches
     pending: deque[_Pending] = field(default_factory=deque)
     running: bool = False
-    ended: bool = False
     state: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
 
 
@@ -255,8 +254,6 @@ class SequenceBatcher:
                 "the first request of the sequence",
             )
         sequence.last_ns = now
-        if end:
-            sequence.ended = True
         own_inputs = len(request.inputs)
         self._add_controls(request, sequence, start, end)
         pending = _Pending(request, asyncio.get_running_loop().create_future(), end, own_inputs)
