@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -43,6 +44,7 @@ from edged.core.shared_memory import SharedMemoryManager
 from edged.frontends.grpc import GrpcOptions, GrpcServer
 from edged.frontends.http import create_http_app
 from edged.frontends.http_infer import HttpOptions
+from edged.frontends.http_limits import ConnectionLimits, LimitedHttpProtocol
 from edged.frontends.http_protocol import InferHttpProtocol
 from edged.metrics import MetricsCollector, ModelMetrics, SystemMetrics, create_metrics_app
 from edged.state.store import StateError, StateStore
@@ -60,6 +62,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # SIGTERM is what systemctl stop
 FORCED_EXIT_STATUS = 1
 # How often the status line systemd shows is brought up to date (sent only when it changed).
 STATUS_REFRESH_S = 1.0
+# The metrics endpoint serves a scraper or two, and GETs without bodies.
+METRICS_MAX_CONNECTIONS = 64
+METRICS_MAX_BODY_SIZE = 64 * 1024
+# File descriptors kept for what is not a client connection: models' files, Python stubs' pipes and shared memory,
+# shared-memory regions, the state database, journald.
+RESERVED_FILE_DESCRIPTORS = 2048
 # Settings a running daemon has no use for after it started: a reload that changes them changes nothing.
 _START_ONLY = frozenset({"exit_on_error", "load_models"})
 
@@ -96,14 +104,15 @@ def _configure_logging(settings: Settings) -> None:
 
 
 def _uvicorn_config(
-    app: Any, host: str, port: int, exit_timeout_s: float, protocol: type[asyncio.Protocol] | None = None
+    app: Any, host: str, port: int, exit_timeout_s: float, protocol: type[LimitedHttpProtocol]
 ) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        # The HTTP endpoint's protocol answers inference requests itself (edged.frontends.http_protocol).
-        http=protocol or "httptools",
+        # uvicorn's httptools protocol with connection bounds (edged.frontends.http_limits); the HTTP endpoint's
+        # also answers inference requests itself (edged.frontends.http_protocol).
+        http=protocol,
         loop="none",
         lifespan="off",
         access_log=False,
@@ -111,11 +120,43 @@ def _uvicorn_config(
         # uvicorn's lines go through edged's handlers (journald under systemd, the logging extension's switches)
         # instead of a stderr handler of its own.
         log_config=None,
-        # Requests from devices arrive over keep-alive connections; closing idle ones late saves reconnects.
-        timeout_keep_alive=30,
+        # uvicorn types it int, but only hands it to loop.call_later, which takes seconds as a float.
+        timeout_keep_alive=protocol.limits.keepalive_timeout_s,  # type: ignore[arg-type]
         # At shutdown, requests still running after this long are cancelled.
         timeout_graceful_shutdown=max(1, round(exit_timeout_s)),
     )
+
+
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_connections=settings.http_max_connections,
+        header_timeout_s=settings.http_header_timeout_secs,
+        body_timeout_s=settings.http_body_timeout_secs,
+        min_body_rate=settings.http_min_body_rate,
+        keepalive_timeout_s=settings.http_keepalive_timeout_secs,
+        max_body_size=settings.http_max_input_size,
+    )
+
+
+def raise_file_limit(settings: Settings) -> None:
+    """Raise the soft limit on open files to the hard one (the systemd unit sets both), and say so when even that
+    cannot hold every connection the endpoints allow: then one endpoint's clients could starve the others."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    wanted = RESERVED_FILE_DESCRIPTORS + settings.http_max_connections
+    wanted += settings.grpc_max_connections if settings.allow_grpc else 0
+    wanted += METRICS_MAX_CONNECTIONS if settings.allow_metrics else 0
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "the open file limit (%d) is below the %d that the connection limits need (--http-max-connections, "
+            "--grpc-max-connections and %d for the rest): raise LimitNOFILE or lower the connection limits",
+            soft,
+            wanted,
+            RESERVED_FILE_DESCRIPTORS,
+        )
 
 
 def _bind(what: str, address: str, port: int) -> socket.socket:
@@ -263,6 +304,7 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
     # Installed before anything slow: SIGHUP's default action would end the daemon.
     loop.add_signal_handler(signal.SIGHUP, on_reload_signal)
 
+    raise_file_limit(settings)
     # Worker threads for model executions: enough for every core to be busy in onnxruntime.
     executor = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="edged-exec")
     # Taken once: instance groups are checked against it and instances placed on it as models load.
@@ -359,13 +401,14 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
             return 0
         http_socket, *metrics_socket = sockets
         http_options = HttpOptions(max_input_size=settings.http_max_input_size)
+        limits = connection_limits(settings)
         http = _Server(
             _uvicorn_config(
                 create_http_app(service, http_options),
                 settings.http_address,
                 settings.http_port,
                 exit_timeout_s,
-                InferHttpProtocol.serving(service, http_options),
+                InferHttpProtocol.serving(service, http_options, limits),
             )
         )
         servers.append(http)
@@ -384,6 +427,12 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
                     settings.metrics_address or settings.http_address,
                     settings.metrics_port,
                     exit_timeout_s,
+                    LimitedHttpProtocol.limited(
+                        dataclasses.replace(
+                            limits, max_connections=METRICS_MAX_CONNECTIONS, max_body_size=METRICS_MAX_BODY_SIZE
+                        ),
+                        "metrics",
+                    ),
                 )
             )
             servers.append(metrics)
@@ -394,7 +443,13 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
                     service,
                     settings.grpc_address,
                     settings.grpc_port,
-                    GrpcOptions(max_message_size=settings.grpc_max_message_size, shutdown_grace_s=exit_timeout_s),
+                    GrpcOptions(
+                        max_message_size=settings.grpc_max_message_size,
+                        shutdown_grace_s=exit_timeout_s,
+                        max_connections=settings.grpc_max_connections,
+                        handshake_timeout_s=settings.grpc_handshake_timeout_secs,
+                        idle_timeout_s=settings.grpc_idle_timeout_secs,
+                    ),
                 )
             except RuntimeError as exc:
                 # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.

@@ -20,9 +20,17 @@ class Settings:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    http_max_connections: int = 1024
+    http_header_timeout_secs: float = 10.0
+    http_body_timeout_secs: float = 30.0
+    http_min_body_rate: int = 1024
+    http_keepalive_timeout_secs: float = 30.0
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc_max_connections: int = 1024
+    grpc_handshake_timeout_secs: float = 10.0
+    grpc_idle_timeout_secs: float = 600.0
     # A safety limit on every gRPC message, both ways: Triton allows INT32_MAX, more than a device should buffer.
     grpc_max_message_size: int = 64 * 1024 * 1024
     allow_client_shm: bool = False
@@ -82,9 +90,17 @@ class Settings:
             http_address=values["http_address"],
             http_port=values["http_port"],
             http_max_input_size=values["http_max_input_size"],
+            http_max_connections=values["http_max_connections"],
+            http_header_timeout_secs=float(values["http_header_timeout_secs"]),
+            http_body_timeout_secs=float(values["http_body_timeout_secs"]),
+            http_min_body_rate=values["http_min_body_rate"],
+            http_keepalive_timeout_secs=float(values["http_keepalive_timeout_secs"]),
             allow_grpc=values["allow_grpc"],
             grpc_address=values["grpc_address"],
             grpc_port=values["grpc_port"],
+            grpc_max_connections=values["grpc_max_connections"],
+            grpc_handshake_timeout_secs=float(values["grpc_handshake_timeout_secs"]),
+            grpc_idle_timeout_secs=float(values["grpc_idle_timeout_secs"]),
             grpc_max_message_size=values["grpc_max_message_size"],
             allow_client_shm=values["allow_client_shm"],
             allow_metrics=values["allow_metrics"],

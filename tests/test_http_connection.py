@@ -164,17 +164,39 @@ def test_http_1_0_and_a_query_string(bundled_server: Server) -> None:
         connection.close()
 
 
-def test_the_connection_stays_usable_after_a_refused_body(bundled_server: Server) -> None:
+def test_a_declared_body_over_the_limit_is_refused_at_once(bundled_server: Server) -> None:
+    # Only the headers are sent: the answer must not wait for a body that would be refused anyway.
+    connection = _Connection(bundled_server)
+    try:
+        declared = SMALL_MAX_INPUT_SIZE + 1
+        head = b"POST %s HTTP/1.1\r\nHost: edged\r\nContent-Length: %d\r\n\r\n" % (INFER_PATH.encode(), declared)
+        connection.send(head)
+        answer = connection.answer()
+        assert answer.status == 413
+        assert answer.headers["connection"] == "close"
+        assert answer.json() == {
+            "error": f"request body of {declared} bytes exceeds the limit of {SMALL_MAX_INPUT_SIZE} bytes"
+        }
+        # What the client still sends is read and dropped, so it sees the answer, then the close.
+        connection.send(b"x" * declared)
+        assert connection.closed_by_server()
+    finally:
+        connection.close()
+    # Every route, before its handler would read the body.
+    for path in ("/v2/logging", "/v2/repository/models/add_sub/load", "/v2/repository/index", "/v2/nowhere"):
+        connection = _Connection(bundled_server)
+        try:
+            connection.send(b"POST %s HTTP/1.1\r\nHost: edged\r\nContent-Length: 99999999\r\n\r\n" % path.encode())
+            assert connection.answer().status == 413, path
+        finally:
+            connection.close()
+
+
+def test_the_connection_stays_usable_after_a_refused_chunked_body(bundled_server: Server) -> None:
     connection = _Connection(bundled_server)
     try:
         large = b"x" * (SMALL_MAX_INPUT_SIZE + 1)
-        connection.send(_post(INFER_PATH, large))
-        answer = connection.answer()
-        assert answer.status == 413
-        assert answer.json() == {
-            "error": f"request body of {len(large)} bytes exceeds the limit of {SMALL_MAX_INPUT_SIZE} bytes"
-        }
-        # Chunked, so the size is known only as it arrives.
+        # Chunked, so the size is known only as it arrives: the body is read and dropped, the connection stays.
         chunked = b"POST %s HTTP/1.1\r\nHost: edged\r\nTransfer-Encoding: chunked\r\n\r\n" % INFER_PATH.encode()
         chunked += b"%x\r\n%s\r\n0\r\n\r\n" % (len(large), large)
         connection.send(chunked)
@@ -182,7 +204,7 @@ def test_the_connection_stays_usable_after_a_refused_body(bundled_server: Server
         assert answer.status == 413
         assert answer.json() == {"error": f"request body exceeds the limit of {SMALL_MAX_INPUT_SIZE} bytes"}
         # An unknown model is answered before its body is looked at.
-        connection.send(_post("/v2/models/no_such_model/infer", large))
+        connection.send(_post("/v2/models/no_such_model/infer", b"x" * 100))
         answer = connection.answer()
         assert answer.status == 404 and "no_such_model" in answer.json()["error"]
         connection.send(_post(INFER_PATH, _infer_body(10)))

@@ -317,8 +317,11 @@ def test_custom_metric_families_of_a_python_model(metrics_server: Server) -> Non
 
 def test_other_methods_and_paths(metrics_server: Server) -> None:
     assert request(metrics_server.metrics_url, "POST", "/metrics", b"").status == 405
-    reply = request(metrics_server.metrics_url, "GET", "/not-metrics")
-    assert (reply.status, reply.body) == (200, b"")
+    for path in ("/not-metrics", "/", "/metrics/x"):
+        reply = request(metrics_server.metrics_url, "GET", path)
+        # Triton answers 200 with nothing on every path; edged says where the metrics are.
+        assert (reply.status, reply.body) == (404, b"Not Found: metrics are served at /metrics\n"), path
+    assert request(metrics_server.metrics_url, "GET", "/metrics/").status == 200
 
 
 def test_allow_metrics_false_serves_no_endpoint(metrics_repository: Path) -> None:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edged.core.model_files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
+from edged.core.names import model_name_problem, printable
 from edged.core.private_models import PrivateCopies, override_config_text
 from edged.core.repository import ModelSource, scan_repositories
 from edged.core.repository_manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
@@ -116,7 +117,7 @@ class ModelController:
                 wanted = set(scan.models)
             if self._store is not None:
                 wanted |= set(await self._db(self._store.desired))
-            names = sorted(wanted)
+            names = sorted(name for name in wanted if self._loadable_at_start(name))
         else:
             names = sorted(scan.models)
         # Ensembles load after the models they are made of, which they check at load.
@@ -133,6 +134,14 @@ class ModelController:
                     raise result
         if self._options.mode is ControlMode.POLL:
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    @staticmethod
+    def _loadable_at_start(name: str) -> bool:
+        """A --load-model name, or one the desired set kept from an older edged, that can be a model's."""
+        problem = model_name_problem(name)
+        if problem is not None:
+            log.error("model '%s' is not loaded at start: it cannot be a model name (%s)", printable(name), problem)
+        return problem is None
 
     async def stop(self) -> None:
         """Stop polling; let unloads in progress end. (The manager unloads what is left.)"""
@@ -163,23 +172,42 @@ class ModelController:
         written into it."""
         if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        problem = model_name_problem(name)
+        if problem is not None:
+            # Triton's answer for a name it finds no folder for, with the reason a folder can never have it.
+            raise EdgedError(
+                ErrorCode.INTERNAL,
+                f"failed to load '{printable(name)}', failed to poll from model repository: "
+                f"the name cannot be a model name ({problem})",
+            )
         private = None
-        if config_json is not None or files:
-            private = await self._make_private(name, config_json, files or {})
         try:
-            await self._load(name, origin, private=private)
+            if config_json is not None or files:
+                private = await self._make_private(name, config_json, files or {})
+            try:
+                await self._load(name, origin, private=private)
+            finally:
+                self._settle_private(name, private)
+            if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
+                store = self._store
+                await self._durably(lambda: store.set_desired(name, None), name, "loaded")
         finally:
-            self._settle_private(name, private)
-        if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
-            self._record(self._store.set_desired, name, None)
+            # Acknowledged means recorded: the answer waits for the history of this load to be committed.
+            await self._history_written()
 
     async def unload(self, name: str, *, origin: Origin = Origin.API, unload_dependents: bool = False) -> None:
         """Unload every version of a model; answers once they are unloaded, or after the unload timeout while
-        requests still finish (they are never interrupted). An unknown model is not an error, as in Triton.
-        ``unload_dependents`` concerns ensembles, which edged does not run: there is nothing more to unload."""
+        requests still finish (they are never interrupted). An unknown model is not an error, as in Triton; a name
+        that can never be a model's is (INVALID_ARG). ``unload_dependents`` is not acted on: the ensembles a model
+        belongs to stay loaded (and unavailable while it is)."""
         del unload_dependents
         if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        problem = model_name_problem(name)
+        if problem is not None:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG, f"failed to unload '{printable(name)}': it cannot be a model name ({problem})"
+            )
         tasks: list[asyncio.Task[None]] = []
         async with self._lock(name):
             entry = self._manager.entry(name)
@@ -189,7 +217,9 @@ class ModelController:
                         tasks.append(self._retire(version, origin))
                 entry.state, entry.wanted = ModelState.UNAVAILABLE, False
             if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
-                self._record(self._store.remove_desired, name)
+                # Committed before the answer, under the lock, so a load that follows records after it.
+                store = self._store
+                await self._durably(lambda: store.remove_desired(name), name, "unloaded")
         if tasks:
             done, _ = await asyncio.wait(tasks, timeout=self._options.unload_timeout_s)
             if len(done) < len(tasks):
@@ -198,6 +228,7 @@ class ModelController:
                     name,
                     self._options.unload_timeout_s,
                 )
+        await self._history_written()
 
     async def history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         if self._store is None:
@@ -273,7 +304,7 @@ class ModelController:
                     await self._load(
                         name,
                         origin,
-                        private=other.source.path if other.source.path.parent == self._copies.base(name) else None,
+                        private=other.source.path if self._copies.holds(name, other.source.path) else None,
                     )
                 except EdgedError as exc:
                     log.debug("ensemble '%s' still does not load: %s", name, exc.message)
@@ -560,6 +591,24 @@ class ModelController:
     ) -> None:
         if self._store is not None:
             self._record(self._store.transition, name, version, state, origin.value, reason, duration_s)
+
+    async def _durably(self, call: Callable[[], Any], name: str, done: str) -> None:
+        """Write the desired state and wait for the commit: an answer that says done must survive a crash. A write
+        that fails fails the request, since a restart would not restore what it did."""
+        try:
+            await self._db(call)
+        except Exception as exc:
+            log.error("recording that model '%s' was %s failed: %s", name, done, exc)
+            raise EdgedError(
+                ErrorCode.INTERNAL,
+                f"model '{name}' was {done}, but the state database could not record it, so a restart would not "
+                "keep it so",
+            ) from None
+
+    async def _history_written(self) -> None:
+        """Wait for every history write queued so far (the database thread runs them in order)."""
+        if self._store is not None:
+            await self._db(lambda: None)
 
     def _record(self, call: Callable[..., Any], *args: Any) -> None:
         """Write to the state database in order, without waiting; a failed write is logged, never raised."""

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from edged.core.confined import remove_tree
 from edged.core.repository import is_version_name
 from edged.errors import EdgedError, ErrorCode
 
@@ -139,12 +140,11 @@ def check_override_sizes(files: dict[str, bytes]) -> None:
 
 
 def make_private_copy(destination: Path, source: Path | None, config_text: str | None, files: dict[str, bytes]) -> None:
-    """A model folder at ``destination`` (which must not exist): ``source``'s files when there is one (hard links
-    where the file system allows, copies otherwise; symbolic links are not carried over), then ``config_text`` as
-    its config.pbtxt and each override file. Removes what it made when anything fails."""
+    """A model folder at ``destination`` (which must not exist; its parent must): ``source``'s files when there is
+    one (hard links where the file system allows, copies otherwise; symbolic links are not carried over), then
+    ``config_text`` as its config.pbtxt and each override file. Removes what it made when anything fails."""
     paths = {key: override_path(key) for key in files}
     check_override_sizes(files)
-    destination.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     destination.mkdir(mode=0o700)
     try:
         if source is not None:
@@ -154,7 +154,7 @@ def make_private_copy(destination: Path, source: Path | None, config_text: str |
         for key, content in files.items():
             _write_new(destination, paths[key], content, replace=True)
     except BaseException:
-        shutil.rmtree(destination, ignore_errors=True)
+        remove_tree(destination.parent, destination)
         raise
 
 

@@ -4,12 +4,13 @@ restart loads the same copy again. The files themselves are made by edged.core.m
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
 
+from edged.core.confined import PathOutsideRoot, inside, make_dirs, remove_tree
+from edged.core.names import is_model_name, model_name_problem, printable
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 
@@ -43,21 +44,37 @@ def override_config_text(name: str, config_json: str | None, files: dict[str, by
 
 
 class PrivateCopies:
+    """The private copies of every model, under ``root`` (``<state dir>/models``). Each method checks the model
+    name (edged.core.names) and every path it creates or removes lies inside ``root``, whatever its caller checked
+    before."""
+
     def __init__(self, root: Path | None) -> None:
         self._root = root  # None without a state directory: no overrides then
 
     def base(self, name: str) -> Path | None:
-        return self._root / name if self._root is not None else None
+        if self._root is None:
+            return None
+        problem = model_name_problem(name)
+        if problem is not None:
+            raise PathOutsideRoot(f"model name {printable(name)!r} names no private copy: {problem}")
+        return inside(self._root, self._root / name)
 
     def new_path(self, name: str) -> Path:
-        """Where a new copy of the model goes (not created yet)."""
+        """Where a new copy of the model goes (its parent made, the copy itself not yet)."""
         base = self.base(name)
-        if base is None:
+        if base is None or self._root is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, "loading with overrides needs a state directory (--state-dir)")
-        return base / f"{time.time_ns()}"
+        make_dirs(self._root, base)
+        return inside(base, base / f"{time.time_ns()}")
+
+    def holds(self, name: str, path: Path) -> bool:
+        """Whether ``path`` is one of the model's private copies."""
+        return is_model_name(name) and self._root is not None and path.parent == self.base(name)
 
     def current(self, name: str) -> Path | None:
-        """The copy the model was last served from, if it was."""
+        """The copy the model was last served from, if it was (never for a name that cannot be a model's)."""
+        if not is_model_name(name):
+            return None
         base = self.base(name)
         if base is None:
             return None
@@ -65,15 +82,17 @@ class PrivateCopies:
             generation = (base / _CURRENT).read_text(encoding="utf-8").strip()
         except OSError:
             return None
+        if not generation.isdigit():
+            return None
         path = base / generation
-        return path if generation and "/" not in generation and path.is_dir() else None
+        return path if not path.is_symlink() and path.is_dir() else None
 
     def settle(self, name: str, serving: Path | None, attempted: Path | None) -> None:
         """After a load: a copy the model serves from becomes CURRENT and older ones go; a copy nothing serves from
         goes; a model served from its repository folder again needs no copy at all. (A version still finishing its
         requests keeps its open files.)"""
         base = self.base(name)
-        if base is None:
+        if base is None or self._root is None:
             return
         if serving is not None and serving.parent == base:
             temporary = base / f"{_CURRENT}.tmp"
@@ -81,13 +100,13 @@ class PrivateCopies:
             temporary.replace(base / _CURRENT)
             keep: Path | None = serving
         elif serving is not None:
-            shutil.rmtree(base, ignore_errors=True)
+            remove_tree(self._root, base)
             return
         else:
             keep = self.current(name)
         if attempted is not None and attempted != keep:
-            shutil.rmtree(attempted, ignore_errors=True)
-        if base.is_dir():
+            remove_tree(base, attempted)
+        if base.is_dir() and not base.is_symlink():
             for other in base.iterdir():
-                if other.is_dir() and other != keep:
-                    shutil.rmtree(other, ignore_errors=True)
+                if other != keep and other.name.isdigit():
+                    remove_tree(base, other)

@@ -7,15 +7,19 @@ ignored, as Triton ignores it.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edged.core.names import model_name_problem, printable
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from edged.proto.model_config_pb2 import ModelConfig
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILENAME = "config.pbtxt"
 
@@ -98,10 +102,24 @@ def scan_repositories(repositories: list[Path]) -> ScanResult:
         for entry in entries:
             if entry.name.startswith(".") or not entry.is_dir():
                 continue
+            problem = model_name_problem(entry.name)
+            if problem is not None:
+                _refuse_folder(entry.path, problem)
+                continue
             seen.setdefault(entry.name, []).append(repository)
             models[entry.name] = ModelSource(entry.name, Path(entry.path), repository)
     duplicates = {name: repos for name, repos in seen.items() if len(repos) > 1}
     return ScanResult(models, duplicates)
+
+
+# Folders already reported as refused: poll mode scans every few seconds, and one line per folder is enough.
+_refused_folders: set[str] = set()
+
+
+def _refuse_folder(path: str, problem: str) -> None:
+    if path not in _refused_folders:
+        _refused_folders.add(path)
+        log.warning("model folder %s is not served: its name cannot be a model name (%s)", printable(path), problem)
 
 
 def is_version_name(name: str) -> bool:

@@ -21,6 +21,7 @@ from edged.core.inference import (
     ResponseStream,
     StreamResponse,
 )
+from edged.core.names import model_name_problem, printable
 from edged.core.shared_memory import SharedMemoryManager
 from edged.core.tensors import array_to_binary
 from edged.core.validation import raw_binary_input, validate_request
@@ -160,6 +161,8 @@ class InferenceService:
         """What happened to a model (every model when ``name`` is None), newest first, and how many events in all."""
         if offset < 0 or not 1 <= limit <= 1000:
             raise EdgedError(ErrorCode.INVALID_ARG, "history paging needs offset >= 0 and 1 <= limit <= 1000")
+        if name is not None and (problem := model_name_problem(name)) is not None:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"'{printable(name)}' cannot be a model name: {problem}")
         if self.controller is None:
             return [], 0
         return await self.controller.history(name, offset, limit)

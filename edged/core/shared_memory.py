@@ -1,9 +1,18 @@
 """The shared-memory extension: tensors in POSIX shared memory regions that clients register by name.
 
 A region is a window (offset, byte_size) of a POSIX shared memory object the client created (`/dev/shm/<key>`).
-Inputs are read as views over the mapping (no copy); outputs are written into it. Every offset and size a client
-sends is checked against the registered window before any access, with Python's unbounded integers, so no sum can
-wrap. Regions in use by a request cannot be unregistered until the request is done.
+Every offset and size a client sends is checked against the registered window before any access, with Python's
+unbounded integers, so no sum can wrap. Regions in use by a request cannot be unregistered until the request is
+done.
+
+The object belongs to the client, who may shrink or truncate it at any moment. A memory mapping of it would then
+kill the daemon with SIGBUS on the next access past the new end, and no check made before the access can close that
+race. So edged never maps a client's object: it keeps the file descriptor opened at registration and moves each
+tensor with one ``preadv`` into a buffer of its own (inputs) or one ``pwrite`` (outputs). A read past the end is a
+short read, answered as an error for that request; the registration stays, so a client that restores the size can
+go on. Unlinking the object changes nothing: the descriptor keeps it alive, as the client's own mapping does. The
+cost is one copy of each input, which the mapping avoided (the backends copy inputs into their own buffers anyway
+when they batch or send them to a Python stub).
 
 Threads: registration and lookups happen on the event loop; a request holds its regions until its response is
 written.
@@ -11,8 +20,6 @@ written.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,7 +33,7 @@ SHM_DIRECTORY = "/dev/shm"
 # Keys edged creates for itself (the Python backend's tensors): a client can never register them.
 INTERNAL_KEY_PREFIX = "/edged-"
 _MAX_SIZE = 2**63 - 1  # byte sizes and offsets travel as int64/uint64; anything larger is not a region
-# Each region is an open mapping of the daemon's; a client must not be able to exhaust the process's map count.
+# Each region holds a file descriptor of the daemon's; a client must not be able to exhaust them.
 MAX_REGIONS = 1024
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
@@ -47,13 +54,37 @@ class _Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    fd: int  # the client's object, opened at registration; never mapped (see the module's docstring)
     users: int = 0
 
+    def read(self, start: int, size: int) -> memoryview:
+        """``size`` bytes at ``start`` of the object, in a buffer of the daemon's own."""
+        buffer = bytearray(size)
+        done = 0
+        while done < size:
+            count = os.preadv(self.fd, [memoryview(buffer)[done:]], start + done)
+            if count == 0:
+                raise self._shrunk(start + size)
+            done += count
+        return memoryview(buffer)
+
+    def write(self, start: int, data: memoryview) -> None:
+        # Checked first so that a shrunk object gets an error instead of being grown back by the write.
+        if os.fstat(self.fd).st_size < start + len(data):
+            raise self._shrunk(start + len(data))
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], start + done)
+
+    def _shrunk(self, end: int) -> EdgedError:
+        size = os.fstat(self.fd).st_size
+        return _invalid(
+            f"shared memory region '{self.name}' no longer holds its registered window: its object '{self.key}' is "
+            f"{size} bytes now, the window reaches byte {end}; restore its size or register the region again"
+        )
+
     def close(self) -> None:
-        # numpy arrays of a finished request may still view the mapping; then it unmaps when the last one goes.
-        with contextlib.suppress(BufferError):
-            self.mapping.close()
+        os.close(self.fd)
 
 
 def _disabled() -> EdgedError:
@@ -65,6 +96,10 @@ def _disabled() -> EdgedError:
 
 def _invalid(message: str) -> EdgedError:
     return EdgedError(ErrorCode.INVALID_ARG, message)
+
+
+def _unreadable(name: str, exc: OSError) -> EdgedError:
+    return EdgedError(ErrorCode.INTERNAL, f"shared memory region '{name}' cannot be accessed: {exc.strerror or exc}")
 
 
 class SharedMemoryManager:
@@ -99,20 +134,16 @@ class SharedMemoryManager:
             )
         try:
             size = os.fstat(fd).st_size
-            if offset + byte_size > size:
-                raise _invalid(
-                    f"failed to register shared memory region '{name}': invalid args (offset {offset} + byte size "
-                    f"{byte_size} is past the {size} bytes of '{key}')"
-                )
-            try:
-                mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            except (OSError, ValueError, OverflowError) as exc:
-                raise EdgedError(
-                    ErrorCode.INTERNAL, f"failed to map shared memory region '{name}': {getattr(exc, 'strerror', exc)}"
-                ) from None
-        finally:
+        except OSError:
             os.close(fd)
-        self._regions[name] = _Region(name, key, offset, byte_size, mapping)
+            raise EdgedError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
+        if offset + byte_size > size:
+            os.close(fd)
+            raise _invalid(
+                f"failed to register shared memory region '{name}': invalid args (offset {offset} + byte size "
+                f"{byte_size} is past the {size} bytes of '{key}')"
+            )
+        self._regions[name] = _Region(name, key, offset, byte_size, fd)
 
     def unregister_system(self, name: str) -> None:
         """Unregister one region, or every region when ``name`` is empty; unknown names are not an error."""
@@ -185,7 +216,10 @@ class SharedMemoryManager:
                 region, start, size = self._window(tensor.parameters, "input", tensor.name)
                 region.users += 1
                 held.append(region)
-                tensor.raw = memoryview(region.mapping)[start : start + size]
+                try:
+                    tensor.raw = region.read(start, size)
+                except OSError as exc:
+                    raise _unreadable(region.name, exc) from None
             for output in request.outputs or ():
                 if REGION in output.parameters:
                     region, _, _ = self._window(output.parameters, "output", output.name)
@@ -213,7 +247,10 @@ class SharedMemoryManager:
                     f"shared memory size specified with the request for output '{output.name}' ({size} bytes) "
                     f"should be at least {len(data)} bytes to hold the results",
                 )
-            region.mapping[start : start + len(data)] = data
+            try:
+                region.write(start, data)
+            except OSError as exc:
+                raise _unreadable(region.name, exc) from None
             output.in_shared_memory = True
 
     def release(self, held: list[_Region]) -> None:

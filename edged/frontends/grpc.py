@@ -68,6 +68,10 @@ class GrpcOptions:
     max_message_size: int = 64 * 1024 * 1024
     # Seconds that in-flight calls get to finish once the server stops; new calls are refused at once.
     shutdown_grace_s: float = 5.0
+    # Connection bounds, so that idle or half-open clients cannot hold every file descriptor (see the README).
+    max_connections: int = 1024
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 600.0
 
 
 def status_for(error: EdgedError) -> grpc.StatusCode:
@@ -450,6 +454,11 @@ class GrpcServer:
             options=[
                 ("grpc.max_receive_message_length", options.max_message_size),
                 ("grpc.max_send_message_length", options.max_message_size),
+                # Past this many connections a new one is closed at once; a connection must finish its HTTP/2
+                # handshake in time, and one without calls for the idle timeout is sent GOAWAY.
+                ("grpc.max_allowed_incoming_connections", options.max_connections),
+                ("grpc.server_handshake_timeout_ms", round(options.handshake_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", round(options.idle_timeout_s * 1000)),
                 # One daemon per port: a second one must fail to bind, not share the port silently.
                 ("grpc.so_reuseport", 0),
             ]

@@ -176,13 +176,11 @@ async def logging_setting(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 def _update_log_settings(body: bytes) -> None:
     """Triton's order, errors and codes: log_file refuses the whole request; then each setting in turn is checked
-    and applied, so one that fails leaves those before it applied. Other keys, null values and a body that is not
-    an object are ignored."""
+    and applied, so one that fails leaves those before it applied. Other keys and null values are ignored. A body
+    that is not an object is refused (400), where Triton ignores it: a client that sends one has a bug to learn of."""
     if not body.strip():
         raise EdgedError(ErrorCode.INTERNAL, "failed to parse the request JSON buffer: The document is empty. at 0")
-    parsed = decode_json(body)
-    if not isinstance(parsed, dict):
-        return
+    parsed = _json_object(decode_json(body), "logging settings")
     if parsed.get("log_file") is not None:
         # A remote client must never choose a path the daemon writes to.
         raise EdgedError(ErrorCode.UNSUPPORTED, "log file location can not be updated through network protocol")
@@ -298,12 +296,24 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json(entries)
 
 
-def _repository_parameters(body: bytes) -> dict[str, Any]:
-    """The ``parameters`` object of a load or unload body (which may be empty)."""
+def _json_object(parsed: Any, what: str) -> dict[str, Any]:
+    if not isinstance(parsed, dict):
+        kind = (
+            "null"
+            if parsed is None
+            else {list: "an array", str: "a string", bool: "a boolean"}.get(type(parsed), "a number")
+        )
+        raise EdgedError(ErrorCode.INVALID_ARG, f"the {what} request body must be a JSON object, got {kind}")
+    return parsed
+
+
+def _repository_parameters(body: bytes, what: str) -> dict[str, Any]:
+    """The ``parameters`` object of a load or unload body (which may be empty); a body that is not an object is
+    refused (Triton ignores it)."""
     if not body.strip():
         return {}
-    parsed = decode_json(body)
-    parameters = parsed.get("parameters", {}) if isinstance(parsed, dict) else {}
+    parsed = _json_object(decode_json(body), what)
+    parameters = parsed.get("parameters", {})
     if not isinstance(parameters, dict):
         raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-object as object")
     return parameters
@@ -313,7 +323,7 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
 async def repository_load(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
     config: str | None = None
     files: dict[str, bytes] = {}
-    for key, value in _repository_parameters(await request.body()).items():
+    for key, value in _repository_parameters(await request.body(), "load").items():
         # Triton reads every load parameter as a string.
         if not isinstance(value, str):
             raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
@@ -332,7 +342,7 @@ async def repository_load(request: Request[Any, Any, Any], model: str) -> Respon
 
 @post("/v2/repository/models/{model:str}/unload", status_code=200)
 async def repository_unload(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
-    dependents = _repository_parameters(await request.body()).get("unload_dependents", False)
+    dependents = _repository_parameters(await request.body(), "unload").get("unload_dependents", False)
     await _service(request).unload_model(model, unload_dependents=dependents is True)
     return Response(b"", status_code=200)
 

@@ -23,16 +23,16 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from edged.frontends.http_infer import (
     BodyTooLarge,
     HttpOptions,
     Reply,
     answer_infer,
-    declared_too_large,
     streamed_too_large,
 )
+from edged.frontends.http_limits import ConnectionLimits, LimitedHttpProtocol
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
@@ -92,15 +92,18 @@ class _Inference:
         return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
 
 
-class InferHttpProtocol(HttpToolsProtocol):
-    """Give uvicorn ``InferHttpProtocol.serving(service, options)`` as ``Config(http=...)``."""
+class InferHttpProtocol(LimitedHttpProtocol):
+    """Give uvicorn ``InferHttpProtocol.serving(service, options, limits)`` as ``Config(http=...)``. The
+    connection bounds of edged.frontends.http_limits apply to every request, its own included."""
 
     service: ClassVar[InferenceService]
     options: ClassVar[HttpOptions]
 
     @classmethod
-    def serving(cls, service: InferenceService, options: HttpOptions) -> type[InferHttpProtocol]:
-        return type(cls.__name__, (cls,), {"service": service, "options": options})
+    def serving(
+        cls, service: InferenceService, options: HttpOptions, limits: ConnectionLimits
+    ) -> type[LimitedHttpProtocol]:
+        return cls.limited(limits, "HTTP", service=service, options=options)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -111,14 +114,15 @@ class InferHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         match = self._own_request()
+        self._inference = None
         if match is None:
-            self._inference = None
             super().on_headers_complete()
+            return
+        if not self._admit():
             return
         # Read now: the parser may go on to a pipelined request (new headers) while this one is answered.
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in self.headers}
         inference = _Inference(match, headers, self.parser.should_keep_alive())
-        inference.refusal = declared_too_large(headers.get("content-length"), self.options.max_input_size)
         self._inference = inference
         self.cycle = inference  # type: ignore[assignment]
 
@@ -143,6 +147,7 @@ class InferHttpProtocol(HttpToolsProtocol):
             return
         self._inference = None
         self._answering = inference
+        self._request_read()
         task = self.loop.create_task(self._answer(inference))
         inference.task = task
         task.add_done_callback(self.tasks.discard)

@@ -78,13 +78,17 @@ def create_metrics_app(collector: MetricsCollector) -> Callable[[dict[str, Any],
         if scope["type"] != "http":
             return
         path = scope["path"].rstrip("/")
-        status, body, content_type = 200, b"", "text/plain; charset=utf-8"
-        if path == "/metrics":
-            if scope["method"] not in ("GET", "HEAD"):
-                status = 405
-            else:
-                body, content_type = render(collector.collect()), CONTENT_TYPE
+        content_type = "text/plain; charset=utf-8"
+        if path != "/metrics":
+            # Triton answers 200 with nothing on every path; a typo in a scrape config deserves to be seen.
+            status, body = 404, b"Not Found: metrics are served at /metrics\n"
+        elif scope["method"] not in ("GET", "HEAD"):
+            status, body = 405, b"Method Not Allowed\n"
+        else:
+            status, body, content_type = 200, render(collector.collect()), CONTENT_TYPE
         headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+        if scope["method"] == "HEAD":
+            body = b""
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

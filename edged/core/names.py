@@ -1,0 +1,56 @@
+"""What a model name may be, decided in one place.
+
+A model name is also the name of the model's folder in the repository and of its private copies under the state
+directory, so it must be exactly one path component and nothing a file system, a shell or a log line could read as
+more: not empty, not ``.`` or ``..``, no ``/``, ``\\`` or NUL, no control character (C0, DEL or C1), at most 255
+bytes in UTF-8 (NAME_MAX of Linux file systems). Everything else a folder can be called is allowed, so every model
+folder of a Triton repository keeps its name.
+
+Every entry point that takes a model name from outside (HTTP, gRPC, and the model control they reach) calls
+``check_model_name`` before anything touches the disk; the file operations check again where they happen
+(edged.core.private_models), so a later caller cannot bring the hole back.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Linux's NAME_MAX: the longest name of one directory entry, in bytes.
+MAX_NAME_BYTES: Final = 255
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a model's name, or None when it can."""
+    if not name:
+        return "it is empty"
+    if name in (".", ".."):
+        return f"'{name}' is not a folder name"
+    for char, what in (("/", "a '/'"), ("\\", "a '\\'"), ("\0", "a NUL character")):
+        if char in name:
+            return f"it contains {what}"
+    if any(_is_control(char) for char in name):
+        return "it contains a control character"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate (from a badly decoded URL or message) has no UTF-8 form and names no folder.
+        return "it is not valid Unicode"
+    if size > MAX_NAME_BYTES:
+        return f"it is {size} bytes long, more than the {MAX_NAME_BYTES} a folder name may have"
+    return None
+
+
+def is_model_name(name: str) -> bool:
+    return model_name_problem(name) is None
+
+
+def printable(name: str, limit: int = 80) -> str:
+    """``name`` as an error message may show it: control characters escaped, a long name shortened."""
+    shown = "".join(f"\\x{ord(c):02x}" if _is_control(c) or c == "\0" else c for c in name)
+    shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
+    return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(shown)} characters)"
+
+
+def _is_control(char: str) -> bool:
+    code = ord(char)
+    return code < 0x20 or 0x7F <= code <= 0x9F

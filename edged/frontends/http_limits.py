@@ -1,0 +1,220 @@
+"""Bounds on HTTP connections, so that slow or idle clients cannot hold the daemon's file descriptors.
+
+uvicorn bounds nothing of a request in progress: a client that sends part of a header and stops, or trickles a
+byte every few seconds, keeps its connection (and a file descriptor) forever, and enough of them starve HTTP, gRPC
+and the models' own files alike. ``LimitedHttpProtocol`` is uvicorn's httptools protocol with these bounds added,
+for the HTTP and the metrics endpoints:
+
+- at most ``max_connections`` open at once: one more is answered ``503`` and closed at once;
+- a request's headers (and, on a new connection, the start of the first request) must arrive within
+  ``header_timeout_s``;
+- a request's body must keep arriving: at least ``min_body_rate`` bytes per second over every window of
+  ``body_timeout_s`` seconds (a window in which the daemon itself stopped reading does not count);
+- an idle kept-alive connection closes after ``keepalive_timeout_s`` (uvicorn's own timer);
+- a declared ``Content-Length`` over ``max_body_size`` is answered ``413`` as soon as the headers are read, on every
+  route, without reading the body.
+
+A timed-out request gets ``408``. Refusals close the connection: the answer goes out, the sending side is shut down
+and what the client still sends is read and dropped for a moment (``LINGER_S``), so the client reads the answer
+instead of a reset.
+
+Cost on the hot path: a float stored per stage of a request; the one timer per connection is moved only when it
+fires (at most once per timeout), never re-armed per request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from edged.frontends.http_infer import declared_too_large
+
+log = logging.getLogger("edged.frontends.http")
+
+# How long a refused connection keeps reading (and dropping) what its client still sends before it is closed.
+LINGER_S = 2.0
+# Refusals are logged at most this often (with how many there were), so a flood cannot flood the journal too.
+REFUSAL_LOG_INTERVAL_S = 10.0
+
+_Stage = Literal["request", "headers", "body"]
+# How the log's summary names each refusal.
+_REFUSALS = {
+    503: "over the connection limit (503)",
+    408: "too slow to send a request (408)",
+    413: "declaring a body over the limit (413)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int = 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    min_body_rate: int = 1024  # bytes per second
+    keepalive_timeout_s: float = 30.0
+    max_body_size: int = 64 * 1024 * 1024
+
+
+class _Refusals:
+    """Counts refusals of one endpoint and logs them in summaries."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.counts: dict[str, int] = {}
+        self.logged_at = 0.0
+
+    def add(self, why: str, client: Any) -> None:
+        self.counts[why] = self.counts.get(why, 0) + 1
+        now = time.monotonic()
+        if now - self.logged_at >= REFUSAL_LOG_INTERVAL_S:
+            self.logged_at = now
+            summary = ", ".join(f"{count} {what}" for what, count in sorted(self.counts.items()))
+            who = f"{client[0]}:{client[1]}" if client else "a client"
+            log.warning("%s endpoint refused and closed: %s (the latest from %s)", self.endpoint, summary, who)
+            self.counts.clear()
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """Give uvicorn ``LimitedHttpProtocol.limited(limits, "HTTP")`` as ``Config(http=...)``."""
+
+    limits: ClassVar[ConnectionLimits]
+    refusals: ClassVar[_Refusals]
+
+    @classmethod
+    def limited(cls, limits: ConnectionLimits, endpoint: str, **extra: Any) -> type[LimitedHttpProtocol]:
+        """A subclass bound to ``limits`` (and to ``extra`` class attributes), one per endpoint."""
+        attributes = {"limits": limits, "refusals": _Refusals(endpoint), **extra}
+        return type(cls.__name__, (cls,), attributes)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stage: _Stage | None = None
+        self._deadline: float | None = None
+        self._timer: Any = None  # asyncio.TimerHandle
+        self._received = 0  # bytes, all told
+        self._window_start = 0  # self._received when the current body window began
+        self._refused = False
+
+    # --- the connection --------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(503, f"too many connections (at most {self.limits.max_connections})", linger=False)
+            return
+        self._expect("request", self.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._received += len(data)
+        if self._refused:
+            return  # answered already: what still comes is dropped unparsed
+        super().data_received(data)
+
+    # --- parser callbacks ------------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._refused:
+            return
+        super().on_message_begin()
+        self._expect("headers", self.limits.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        if self._admit():
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        self._request_read()
+        super().on_message_complete()
+
+    # --- for subclasses that answer some requests themselves ---------------------------------------------------
+
+    def _admit(self) -> bool:
+        """Once a request's headers are read: False when it was refused (and answered) for its declared size;
+        otherwise its body's clock starts."""
+        if self._refused:
+            return False
+        busy = self.cycle is not None and not self.cycle.response_complete
+        if not busy:  # behind an answer still owed, a refusal would overtake it: the route refuses in order instead
+            for name, value in self.headers:
+                if name == b"content-length":
+                    refusal = declared_too_large(value.decode("latin-1"), self.limits.max_body_size)
+                    if refusal is not None:
+                        self._refuse(413, str(refusal), linger=True)
+                        return False
+        self._expect("body", self.limits.body_timeout_s)
+        return True
+
+    def _request_read(self) -> None:
+        """The whole request is in: no clock runs while it is answered (uvicorn's keep-alive timer follows)."""
+        self._stage = self._deadline = None
+
+    # --- clocks ----------------------------------------------------------------------------------------------
+
+    def _expect(self, stage: _Stage, seconds: float) -> None:
+        self._stage = stage
+        self._deadline = self.loop.time() + seconds
+        self._window_start = self._received
+        if self._timer is None:
+            self._timer = self.loop.call_at(self._deadline, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None or self.transport.is_closing():
+            return
+        if self.loop.time() < deadline:  # moved on since the timer was set: wait for the new deadline
+            self._timer = self.loop.call_at(deadline, self._on_deadline)
+            return
+        limits = self.limits
+        if self._stage == "body":
+            arrived = self._received - self._window_start
+            if self.flow.read_paused or arrived >= limits.min_body_rate * limits.body_timeout_s:
+                self._expect("body", limits.body_timeout_s)
+                return
+            why = (
+                f"request body arrived too slowly: {arrived} bytes in {limits.body_timeout_s:g} s, the minimum "
+                f"is {limits.min_body_rate} bytes per second"
+            )
+        else:
+            why = f"request headers not received within {limits.header_timeout_s:g} s"
+        self._refuse(408, why, linger=False)
+
+    # --- refusals --------------------------------------------------------------------------------------------
+
+    def _refuse(self, status: int, message: str, *, linger: bool) -> None:
+        """Answer ``status`` with ``message`` (Triton's JSON error body) and close the connection."""
+        self._refused = True
+        self._stage = self._deadline = None
+        self.refusals.add(_REFUSALS[status], self.client)
+        log.debug("HTTP %d to %s: %s", status, self.client, message)
+        if self.cycle is None or self.cycle.response_complete:  # else an answer is under way: just close
+            body = json.dumps({"error": message}).encode()
+            head = [STATUS_LINE[status]]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            head.append(b"content-type: application/json\r\nconnection: close\r\n")
+            head.append(b"content-length: %d\r\n\r\n" % len(body))
+            self.transport.write(b"".join(head) + body)
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
