@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post, route
-from litestar.exceptions import MethodNotAllowedException, NotFoundException
+from litestar.exceptions import InternalServerException, MethodNotAllowedException, NotFoundException
 
 from edged import logs
 from edged.core.model_config import model_config_to_json
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from edged.core.stats import Duration, ModelStatistics
 
 log = logging.getLogger(__name__)
+
+# What Litestar's request.body() raises (as InternalServerException) when the client is gone.
+_CLIENT_GONE = "client disconnected prematurely"
 
 
 def _error_response(error: EdgedError) -> Response[bytes]:
@@ -410,6 +413,10 @@ def _method_handler(_: Request[Any, Any, Any], __: Exception) -> Response[bytes]
 
 def _internal_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     status = getattr(exc, "status_code", 500)
+    if isinstance(exc, InternalServerException) and exc.detail == _CLIENT_GONE:
+        # Litestar's word for a client that left (or was cut off for sending too slowly) mid-body; nobody reads this.
+        log.debug("client of %s %s went away before its body was read", request.method, request.url.path)
+        return Response(error_body("client disconnected"), status_code=400, media_type=MediaType.JSON)
     if status >= 500:
         log.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
         return Response(error_body("internal error"), status_code=500, media_type=MediaType.JSON)

@@ -61,22 +61,21 @@ class ConnectionLimits:
 
 
 class _Refusals:
-    """Counts refusals of one endpoint and logs them in summaries."""
+    """Counts refusals of one endpoint and logs each kind at most every REFUSAL_LOG_INTERVAL_S, with its count."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.counts: dict[str, int] = {}
-        self.logged_at = 0.0
+        self.logged_at: dict[str, float] = {}
 
     def add(self, why: str, client: Any) -> None:
         self.counts[why] = self.counts.get(why, 0) + 1
         now = time.monotonic()
-        if now - self.logged_at >= REFUSAL_LOG_INTERVAL_S:
-            self.logged_at = now
-            summary = ", ".join(f"{count} {what}" for what, count in sorted(self.counts.items()))
+        if now - self.logged_at.get(why, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
+            self.logged_at[why] = now
+            count = self.counts.pop(why)
             who = f"{client[0]}:{client[1]}" if client else "a client"
-            log.warning("%s endpoint refused and closed: %s (the latest from %s)", self.endpoint, summary, who)
-            self.counts.clear()
+            log.warning("%s endpoint refused and closed: %d %s (the latest from %s)", self.endpoint, count, why, who)
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
@@ -200,12 +199,23 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # --- refusals --------------------------------------------------------------------------------------------
 
     def _refuse(self, status: int, message: str, *, linger: bool) -> None:
-        """Answer ``status`` with ``message`` (Triton's JSON error body) and close the connection."""
+        """Answer ``status`` with ``message`` (Triton's JSON error body) when no other answer is owed first, and
+        close the connection."""
+        stage = self._stage
         self._refused = True
         self._stage = self._deadline = None
         self.refusals.add(_REFUSALS[status], self.client)
         log.debug("HTTP %d to %s: %s", status, self.client, message)
-        if self.cycle is None or self.cycle.response_complete:  # else an answer is under way: just close
+        cycle = self.cycle
+        idle = cycle is None or cycle.response_complete
+        # While a body is read, the cycle is that request's own, and no answer has begun unless its route answered
+        # early; between requests (or behind a pipelined one) the cycle is an earlier request's, not to be cut into.
+        reading = stage == "body" and not idle and not getattr(cycle, "response_started", False)
+        if reading:
+            # The route waiting for the body sees the client gone (its answer is dropped) instead of waiting on.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if idle or reading:
             body = json.dumps({"error": message}).encode()
             head = [STATUS_LINE[status]]
             for name, value in self.server_state.default_headers:
