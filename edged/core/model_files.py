@@ -205,6 +205,19 @@ def _write_new(root: Path, relative: PurePosixPath, content: bytes, *, replace: 
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(content)
+        handle.flush()
+        # The load is acknowledged once the copy serves, and a restart loads the copy again: on disk by then.
+        os.fsync(handle.fileno())
+    sync_directory(directory)
+
+
+def sync_directory(path: Path) -> None:
+    """fsync a directory, so that the entries made in it survive a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _refused(key: str, why: str) -> EdgedError:

@@ -4,12 +4,14 @@ restart loads the same copy again. The files themselves are made by edged.core.m
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
 
 from edged.core.confined import PathOutsideRoot, inside, make_dirs, remove_tree
+from edged.core.model_files import sync_directory
 from edged.core.names import is_model_name, model_name_problem, printable
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
@@ -96,8 +98,12 @@ class PrivateCopies:
             return
         if serving is not None and serving.parent == base:
             temporary = base / f"{_CURRENT}.tmp"
-            temporary.write_text(serving.name, encoding="utf-8")
+            with temporary.open("w", encoding="utf-8") as handle:
+                handle.write(serving.name)
+                handle.flush()
+                os.fsync(handle.fileno())  # acknowledged loads survive a power cut (edged.state.store)
             temporary.replace(base / _CURRENT)
+            sync_directory(base)
             keep: Path | None = serving
         elif serving is not None:
             remove_tree(self._root, base)
