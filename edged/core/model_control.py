@@ -185,12 +185,9 @@ class ModelController:
             if config_json is not None or files:
                 private = await self._make_private(name, config_json, files or {})
             try:
-                await self._load(name, origin, private=private)
+                await self._load(name, origin, private=private, desired=True)
             finally:
                 self._settle_private(name, private)
-            if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
-                store = self._store
-                await self._durably(lambda: store.set_desired(name, None), name, "loaded")
         finally:
             # Acknowledged means recorded: the answer waits for the history of this load to be committed.
             await self._history_written()
@@ -281,9 +278,14 @@ class ModelController:
 
     # --- loading ------------------------------------------------------------------------------------------------
 
-    async def _load(self, name: str, origin: Origin, *, private: Path | None = None) -> None:
+    async def _load(self, name: str, origin: Origin, *, private: Path | None = None, desired: bool = False) -> None:
+        """Load under the model's lock; ``desired``: then record (explicit mode) that the model is to be served,
+        committed before the lock goes, so that an unload that follows records after it."""
         async with self._lock(name):
             await self._load_locked(name, origin, private)
+            if desired and self._store is not None and self._options.mode is ControlMode.EXPLICIT:
+                store = self._store
+                await self._durably(lambda: store.set_desired(name, None), name, "loaded")
         await self._retry_ensembles(name, origin)
 
     async def _retry_ensembles(self, loaded: str, origin: Origin) -> None:
