@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -59,14 +61,15 @@ class _Region:
 
     def read(self, start: int, size: int) -> memoryview:
         """``size`` bytes at ``start`` of the object, in a buffer of the daemon's own."""
-        buffer = bytearray(size)
-        done = 0
-        while done < size:
-            count = os.preadv(self.fd, [memoryview(buffer)[done:]], start + done)
+        # np.empty, not bytearray: the kernel fills every byte, so zeroing them first would be a wasted pass.
+        view = memoryview(np.empty(size, dtype=np.uint8))
+        done = os.preadv(self.fd, [view], start)
+        while done < size:  # a short read: the object ends early, or (rarely) the kernel stopped part way
+            count = os.preadv(self.fd, [view[done:]], start + done)
             if count == 0:
                 raise self._shrunk(start + size)
             done += count
-        return memoryview(buffer)
+        return view
 
     def write(self, start: int, data: memoryview) -> None:
         # Checked first so that a shrunk object gets an error instead of being grown back by the write.
