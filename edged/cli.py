@@ -59,12 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-repo":
         import logging
 
+        from edged.backends import BackendRegistry
         from edged.core.repository_manager import check_repositories
 
         # The problems are the output; the loaders' own log lines would only repeat them.
         logging.disable(logging.CRITICAL)
 
-        problems = check_repositories(list(args.repository), auto_complete=not args.disable_auto_complete_config)
+        problems = check_repositories(
+            list(args.repository), BackendRegistry({}), auto_complete=not args.disable_auto_complete_config
+        )
         for problem in problems:
             print(problem)
         return 1 if problems else 0

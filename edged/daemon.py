@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from edged import __version__, config
-from edged.backends import configure as configure_backends
-from edged.backends import custom_metrics
+from edged.backends import BackendRegistry
 from edged.core.devices import DeviceInventory
 from edged.core.model_control import ControlMode, ControlOptions, ModelController
 from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager, ModelState
@@ -46,7 +45,7 @@ from edged.frontends.http import create_http_app
 from edged.frontends.http_infer import HttpOptions
 from edged.frontends.http_limits import ConnectionLimits, LimitedHttpProtocol
 from edged.frontends.http_protocol import InferHttpProtocol
-from edged.metrics import MetricsCollector, ModelMetrics, SystemMetrics, create_metrics_app
+from edged.metrics import LatencyRecorder, MetricsCollector, ModelMetrics, SystemMetrics, create_metrics_app
 from edged.state.store import StateError, StateStore
 from edged.systemd import ServiceNotifier
 
@@ -310,6 +309,9 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
     # Taken once: instance groups are checked against it and instances placed on it as models load.
     devices = DeviceInventory.discover()
     log.info("devices: %s", devices.describe())
+    backends = BackendRegistry(settings.backend_config)
+    # Per-request latencies for the metrics' summaries and histograms, when --metrics-config asks for them.
+    latencies = LatencyRecorder(settings.metrics_config)
     manager = ModelRepositoryManager(
         ManagerOptions(
             repositories=settings.model_repositories,
@@ -317,8 +319,10 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
             default_max_batch_size=settings.default_max_batch_size,
             load_thread_count=settings.model_load_thread_count,
             devices=devices,
+            request_observer=latencies.observer,
         ),
         executor,
+        backends,
     )
     shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
     service = InferenceService(
@@ -327,8 +331,8 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
         strict_readiness=settings.strict_readiness,
         shared_memory=shared_memory,
     )
-    # Before any model loads: backends read their --backend-config settings, and BLS calls come back here.
-    configure_backends(settings.backend_config, service)
+    # Before any model loads: BLS calls and ensembles come back to the service.
+    backends.attach(service)
     store: StateStore | None = None
     sockets: list[socket.socket] = []
     try:
@@ -420,7 +424,9 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
                 interval_ms=settings.metrics_interval_ms,
             )
             system_metrics.start()
-            collector = MetricsCollector(ModelMetrics(manager, settings.metrics_config), system_metrics, custom_metrics)
+            collector = MetricsCollector(
+                ModelMetrics(manager, settings.metrics_config, latencies), system_metrics, backends.custom_metrics
+            )
             metrics = _Server(
                 _uvicorn_config(
                     create_metrics_app(collector),

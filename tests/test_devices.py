@@ -26,6 +26,7 @@ import pytest
 import tritonclient.http as httpclient
 from server import REPO_ROOT, Server, run_server
 
+from edged.backends import BackendRegistry
 from edged.backends.onnxruntime import OnnxRuntimeInstance
 from edged.core import devices
 from edged.core.config_defaults import normalize_model_config
@@ -263,7 +264,7 @@ def test_two_onnx_cpu_instances_run_two_requests_at_once(tmp_path: Path, monkeyp
 
     async def run() -> tuple[Any, ...]:
         with ThreadPoolExecutor(4) as executor:
-            manager = ModelRepositoryManager(ManagerOptions([tmp_path]), executor)
+            manager = ModelRepositoryManager(ManagerOptions([tmp_path]), executor, BackendRegistry({}))
             await manager.load_all()
             version = manager.get_ready("add_sub", -1)
             assert version.backend_model is not None and version.scheduler is not None

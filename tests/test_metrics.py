@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server import REPO_ROOT, Server, request, run_server
 from tritonclient.utils import InferenceServerException
 
-from edged.backends.base import CustomMetric, CustomMetricFamily
 from edged.cli import main
+from edged.core.backend_api import CustomMetric, CustomMetricFamily
 from edged.core.stats import ExecutionTiming, ModelStatistics
 from edged.metrics import custom_family, parse_metrics_config
 from edged.metrics.exposition import Family, render

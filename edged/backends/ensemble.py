@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edged.backends import host
 from edged.core.inference import (
     InferInput,
     InferOutput,
@@ -36,7 +35,7 @@ from edged.proto.model_config_pb2 import DataType
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
-    from edged.backends.base import LoadContext, ServerApi
+    from edged.core.backend_api import LoadContext, ServerApi
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig, ModelEnsembling
 
@@ -68,11 +67,15 @@ class _Step:
 
 
 class EnsembleBackend:
+    def __init__(self, backend_config: dict[str, str], host: ServerApi | None) -> None:
+        del backend_config  # no settings of its own
+        self._host = host
+
     def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
         """An ensemble's config is complete as written: there is no model file to read it from."""
 
     def load(self, config: ModelConfig, context: LoadContext) -> EnsembleModel:
-        server = host()
+        server = self._host
         if server is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, "ensembles run only inside the daemon")
         steps = check_ensemble(config, server)

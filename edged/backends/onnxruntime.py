@@ -23,7 +23,7 @@ from edged.core.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from edged.backends.base import LoadContext
+    from edged.core.backend_api import LoadContext, ServerApi
     from edged.core.inference import InferRequest
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig, ModelInstanceGroup
@@ -72,6 +72,10 @@ def _dims(shape: Sequence[Any]) -> list[int]:
 
 
 class OnnxRuntimeBackend:
+    def __init__(self, backend_config: dict[str, str], host: ServerApi | None) -> None:
+        # Its settings come from each model's config (parameters, optimization); its models call no other.
+        del backend_config, host
+
     def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
         """Triton's onnxruntime rules: batching when every model tensor has a variable first dimension; the
         side (inputs or outputs) the config leaves empty is filled from the graph; a given side is only checked."""

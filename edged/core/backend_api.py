@@ -9,8 +9,10 @@ Decoupled models (``model_transaction_policy { decoupled: true }``) answer throu
 the backend puts every response there, the final one included, and ``execute`` returns None for the request
 (or the error that ended it, for the statistics).
 
-Backends that need the server (a model that calls other models, as the Python backend's BLS does) reach it
-through ``edged.backends.host()``, a ServerApi bound to the event loop.
+The core owns this interface; the backends implement it, and the daemon builds the registry of them
+(edged.backends.BackendRegistry) and hands it to the core, which never imports a backend. A backend is built with its
+``--backend-config`` settings and the server (a ServerApi bound to the event loop) for models that call other models,
+as the Python backend's BLS does.
 """
 
 from __future__ import annotations
@@ -129,3 +131,11 @@ class Backend(Protocol):
         ...
 
     def load(self, config: ModelConfig, context: LoadContext) -> BackendModel: ...
+
+
+class Backends(Protocol):
+    """The backends the core loads models with, by the name a config gives (``backend``, or ``ensemble``)."""
+
+    def get(self, name: str) -> Backend:
+        """The backend, built on first use; UNSUPPORTED EdgedError for a name edged does not provide."""
+        ...

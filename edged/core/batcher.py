@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from concurrent.futures import Executor
 
-    from edged.backends.base import BackendInstance
+    from edged.core.backend_api import BackendInstance
     from edged.core.inference import InferRequest, InferResponse
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig, ModelQueuePolicy

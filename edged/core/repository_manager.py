@@ -14,8 +14,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from edged.backends import get_backend
-from edged.backends.base import LoadContext
+from edged.core.backend_api import LoadContext
 from edged.core.batcher import DynamicBatcher
 from edged.core.config_defaults import normalize_model_config
 from edged.core.config_validation import validate_instance_groups, validate_model_config
@@ -32,7 +31,7 @@ from edged.core.repository import (
 )
 from edged.core.scheduler import DirectScheduler
 from edged.core.sequence import SequenceBatcher, check_sequence_config
-from edged.core.stats import ModelStatistics
+from edged.core.stats import ModelStatistics, RequestObserver
 from edged.core.validation import ModelSignature
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from edged.backends.base import BackendModel
+    from edged.core.backend_api import BackendModel, Backends
     from edged.core.model_files import FolderPrint
     from edged.core.scheduler import Scheduler
 
@@ -114,11 +113,15 @@ class ManagerOptions:
     load_thread_count: int = 4
     # What instance groups may ask for; the daemon passes what DeviceInventory.discover() found.
     devices: DeviceInventory = field(default_factory=DeviceInventory)
+    # Given every successful request of every model (the metrics' latency summaries and histograms), if anything.
+    request_observer: RequestObserver | None = None
 
 
 class ModelRepositoryManager:
-    def __init__(self, options: ManagerOptions, executor: Executor) -> None:
+    def __init__(self, options: ManagerOptions, executor: Executor, backends: Backends) -> None:
+        """``backends``: what loads models (the daemon's edged.backends.BackendRegistry)."""
         self._options = options
+        self._backends = backends
         # Runs model executions that are too long for the event loop (see edged.core.scheduler).
         self._executor = executor
         self._models: dict[str, ModelEntry] = {}
@@ -145,7 +148,7 @@ class ModelRepositoryManager:
     def activate(self, version: ModelVersion) -> None:
         """Give a freshly loaded version its statistics and scheduler, so that it can take requests."""
         assert version.backend_model is not None
-        version.stats = ModelStatistics(version.name, version.version)
+        version.stats = ModelStatistics(version.name, version.version, observer=self._options.request_observer)
         version.scheduler = self._scheduler(version, version.stats)
 
     async def load_all(self) -> None:
@@ -165,7 +168,9 @@ class ModelRepositoryManager:
             self._models[entry.source.name] = loaded
             for version in loaded.versions.values():
                 if version.backend_model is not None:
-                    version.stats = ModelStatistics(version.name, version.version)
+                    version.stats = ModelStatistics(
+                        version.name, version.version, observer=self._options.request_observer
+                    )
                     version.scheduler = self._scheduler(version, version.stats)
 
     def _scheduler(self, version: ModelVersion, stats: ModelStatistics) -> Scheduler:
@@ -265,7 +270,7 @@ class ModelRepositoryManager:
                 f"unable to find a backend for model '{source.name}': set 'backend' or 'platform' in "
                 "config.pbtxt, or add a version folder holding a model file",
             )
-        backend = get_backend(backend_name(config))
+        backend = self._backends.get(backend_name(config))
         if self._options.auto_complete:
             backend.auto_complete_config(
                 config, self.context(source, config, versions[-1]), self._options.default_max_batch_size
@@ -292,7 +297,9 @@ class ModelRepositoryManager:
                 check_sequence_config(config, source.path)  # its initial state files, before any instance starts
             version.labels = {o.name: read_labels(source, o.label_filename) for o in config.output if o.label_filename}
             version.signature = ModelSignature.from_config(config)
-            version.backend_model = get_backend(backend_name(config)).load(config, self.context(source, config, number))
+            version.backend_model = self._backends.get(backend_name(config)).load(
+                config, self.context(source, config, number)
+            )
         except EdgedError as exc:
             version.state, version.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load '%s' version %d: %s", source.name, number, exc.message)
@@ -415,7 +422,7 @@ def backend_name(config: ModelConfig) -> str:
     return "ensemble" if config.platform == "ensemble" else config.backend
 
 
-def check_repositories(repositories: list[Path], *, auto_complete: bool) -> list[str]:
+def check_repositories(repositories: list[Path], backends: Backends, *, auto_complete: bool) -> list[str]:
     """Every problem that would keep a model or version from loading, one line each, without serving."""
     problems: list[str] = []
     try:
@@ -426,7 +433,7 @@ def check_repositories(repositories: list[Path], *, auto_complete: bool) -> list
         problems.append(f"{name}: model '{name}' exists in more than one model repository")
     with ThreadPoolExecutor(1) as executor:
         options = ManagerOptions(repositories, auto_complete=auto_complete, devices=DeviceInventory.discover())
-        manager = ModelRepositoryManager(options, executor)
+        manager = ModelRepositoryManager(options, executor, backends)
         for name, source in sorted(scan.models.items()):
             try:
                 config, versions = manager.read_config(source)

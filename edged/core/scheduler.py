@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from concurrent.futures import Executor
 
-    from edged.backends.base import BackendInstance
+    from edged.core.backend_api import BackendInstance
     from edged.core.inference import InferRequest, InferResponse
     from edged.core.stats import ModelStatistics
 

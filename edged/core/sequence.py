@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
     from pathlib import Path
 
-    from edged.backends.base import BackendInstance
+    from edged.core.backend_api import BackendInstance
     from edged.core.inference import InferResponse
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig

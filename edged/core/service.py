@@ -125,7 +125,7 @@ class InferenceService:
             model = self._manager.get_ready(name, version)
         except EdgedError:
             return False
-        # Optional in the backend protocol (edged.backends.base.BackendModel): only some backends can be unready.
+        # Optional in the backend protocol (edged.core.backend_api.BackendModel): only some backends can be unready.
         backend_ready = getattr(model.backend_model, "is_ready", None)
         return bool(backend_ready()) if backend_ready is not None else True
 

@@ -53,6 +53,10 @@ class ExecutionTiming:
     output_ns: int = 0
 
 
+# (statistics, end-to-end and queue nanoseconds, execution timing) of one successful request.
+RequestObserver = Callable[["ModelStatistics", int, int, ExecutionTiming], None]
+
+
 @dataclass(slots=True)
 class ModelStatistics:
     name: str
@@ -74,6 +78,10 @@ class ModelStatistics:
     failures: dict[FailureReason, int] = field(default_factory=dict)
     # Requests the scheduler holds that no instance has started yet (Triton's pending request count).
     pending: int = 0
+    # Told of every successful request when the metrics keep per-request observations (latency summaries, the
+    # first-response histogram); None while they do not, so that the common case costs one test. Given by whoever
+    # builds the statistics (the repository manager, from the daemon's metrics).
+    observer: RequestObserver | None = field(default=None, repr=False, compare=False)
 
     def record_execution(self, batch_size: int, timing: ExecutionTiming) -> None:
         self.execution_count += 1
@@ -93,16 +101,10 @@ class ModelStatistics:
         self.compute_output.add(timing.output_ns)
         self.last_inference = time.time_ns() // 1_000_000
 
-        if request_observer is not None:
-            request_observer(self, request_ns, queue_ns, timing)
+        if self.observer is not None:
+            self.observer(self, request_ns, queue_ns, timing)
 
     def record_failure(self, request_ns: int, reason: FailureReason = FailureReason.BACKEND) -> None:
         self.fail.add(request_ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1
         self.last_inference = time.time_ns() // 1_000_000
-
-
-# Told of every successful request (its statistics, end-to-end and queue nanoseconds, execution timing) when the
-# metrics keep per-request observations (latency summaries, first-response histogram); None while they do not,
-# so that the common case costs one test.
-request_observer: Callable[[ModelStatistics, int, int, ExecutionTiming], None] | None = None

@@ -12,26 +12,25 @@ from typing import TYPE_CHECKING
 
 from edged.metrics.config import MetricsConfig, parse_metrics_config
 from edged.metrics.exposition import CONTENT_TYPE, Family, render
-from edged.metrics.models import ModelMetrics, observe_first_response, observe_request
+from edged.metrics.models import LatencyRecorder, ModelMetrics
 from edged.metrics.system import SystemMetrics
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from typing import Any
 
-    from edged.backends.base import CustomMetricFamily
+    from edged.core.backend_api import CustomMetricFamily
 
     Receive = Callable[[], Awaitable[dict[str, Any]]]
     Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 __all__ = [
+    "LatencyRecorder",
     "MetricsCollector",
     "MetricsConfig",
     "ModelMetrics",
     "SystemMetrics",
     "create_metrics_app",
-    "observe_first_response",
-    "observe_request",
     "parse_metrics_config",
 ]
 

@@ -2,9 +2,9 @@
 ModelStatistics: the statistics extension reads the same record, so the two can never disagree.
 
 The counters need nothing more than those sums and counts. The optional summaries and the first-response
-histogram (``--metrics-config``) need each request's durations: ``observe_request`` and ``observe_first_response``
-are the hooks the scheduler calls for them, next to its ``record_success``. Both return at once while those
-families are off, which is the default. Everything here runs on the event loop.
+histogram (``--metrics-config``) need each request's durations: a ``LatencyRecorder`` keeps them, and its
+``observer`` (None while those families are off, the default) is what the daemon gives the repository manager for
+every model's statistics to call with each successful request. Everything here runs on the event loop.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from edged.core import stats as stats_module
 from edged.core.stats import FailureReason
 from edged.errors import EdgedError
 from edged.metrics.exposition import Family, Labels, format_value
 
 if TYPE_CHECKING:
     from edged.core.repository_manager import ModelRepositoryManager
-    from edged.core.stats import ExecutionTiming, ModelStatistics
+    from edged.core.stats import ExecutionTiming, ModelStatistics, RequestObserver
     from edged.metrics.config import MetricsConfig
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -137,19 +136,24 @@ class _Histogram:
 class LatencyRecorder:
     """Each request's durations for the summary and first-response histogram families, by model version."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: MetricsConfig | None = None) -> None:
         self.summaries = False
         self.histograms = False
         self._summaries: dict[_Key, tuple[_Summary, ...]] = {}
         self._histograms: dict[_Key, _Histogram] = {}
+        if config is not None:
+            self.configure(config)
 
     def configure(self, config: MetricsConfig) -> None:
         self.summaries = config.summary_latencies
         self.histograms = config.histogram_latencies
         self._summaries.clear()
         self._histograms.clear()
-        # The statistics call back with every successful request while a family needs them.
-        stats_module.request_observer = self._observed if (self.summaries or self.histograms) else None
+
+    @property
+    def observer(self) -> RequestObserver | None:
+        """What model statistics call with every successful request, or None while no family needs them."""
+        return self._observed if (self.summaries or self.histograms) else None
 
     def _observed(self, stats: ModelStatistics, request_ns: int, queue_ns: int, timing: ExecutionTiming) -> None:
         self.observe_request(stats, request_ns, queue_ns, timing)
@@ -193,21 +197,6 @@ class LatencyRecorder:
         return histogram
 
 
-RECORDER = LatencyRecorder()
-
-
-def observe_request(stats: ModelStatistics, request_ns: int, queue_ns: int, timing: ExecutionTiming) -> None:
-    """For the scheduler, with each ``stats.record_success(...)`` and the same values: feeds the
-    ``nv_inference_*_summary_us`` families. Costs one attribute test while they are off."""
-    RECORDER.observe_request(stats, request_ns, queue_ns, timing)
-
-
-def observe_first_response(stats: ModelStatistics, first_response_ns: int) -> None:
-    """For the scheduler, when a request's first response is sent (its only one unless the model is decoupled):
-    feeds ``nv_inference_first_response_histogram_ms``. Costs one attribute test while it is off."""
-    RECORDER.observe_first_response(stats, first_response_ns)
-
-
 def model_labels(stats: ModelStatistics, config: ModelConfig | None) -> Labels:
     """Triton's labels of a model version: ``model``, ``version`` and ``_<tag>`` for each ``metric_tags`` entry,
     sorted by name."""
@@ -231,13 +220,11 @@ def first_response_buckets(config: ModelConfig | None) -> tuple[float, ...]:
 class ModelMetrics:
     """The per-model families of every READY model version, built from its statistics at each scrape."""
 
-    def __init__(
-        self, manager: ModelRepositoryManager, config: MetricsConfig, recorder: LatencyRecorder = RECORDER
-    ) -> None:
+    def __init__(self, manager: ModelRepositoryManager, config: MetricsConfig, recorder: LatencyRecorder) -> None:
+        """``recorder``: the one whose ``observer`` the manager's statistics were given."""
         self._manager = manager
         self._config = config
         self._recorder = recorder
-        recorder.configure(config)
 
     def collect(self) -> list[Family]:
         versions: list[tuple[ModelStatistics, ModelConfig | None]] = []

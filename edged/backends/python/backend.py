@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from edged.backends import backend_settings, host
-from edged.backends.base import CustomMetric, CustomMetricFamily
 from edged.backends.python import shm
 from edged.backends.python.dispatch import SLOTS_PER_INSTANCE, Dispatcher, Slot
 from edged.backends.python.environment import stub_interpreter
 from edged.backends.python.instance import PythonInstance, stub_log
 from edged.backends.python.model_state import ModelState
 from edged.backends.python.process import StubGone, StubProcess, stub_environment
+from edged.core.backend_api import CustomMetric, CustomMetricFamily
 from edged.core.devices import InstancePlacement, instance_placements
 from edged.core.model_config import model_config_from_json, model_config_to_json
 from edged.errors import EdgedError, ErrorCode
@@ -39,7 +38,7 @@ from edged.errors import EdgedError, ErrorCode
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from edged.backends.base import LoadContext
+    from edged.core.backend_api import LoadContext, ServerApi
     from edged.proto.model_config_pb2 import ModelConfig
 
 log = logging.getLogger("edged.backends.python")
@@ -83,11 +82,13 @@ def check_name(what: str, value: str) -> None:
 
 
 class PythonBackend:
-    def __init__(self) -> None:
+    def __init__(self, backend_config: dict[str, str], host: ServerApi | None) -> None:
+        """``backend_config``: the ``--backend-config python,...`` settings; ``host``: the server BLS calls reach."""
+        self._host = host
         self._settings: Settings | None = None
         self._settings_error: EdgedError | None = None
         try:
-            self._settings = Settings.from_backend_config(backend_settings("python"))
+            self._settings = Settings.from_backend_config(backend_config)
         except EdgedError as exc:
             self._settings_error = exc
         # Custom metric families the models create, by name, as Triton keeps them: one family per name and one
@@ -175,8 +176,8 @@ class PythonBackend:
                 "model_version": str(context.version),
                 "model_name": context.model_name,
             },
-            backend=self,
-            host=host(),
+            record_metric=self.record_metric,
+            host=self._host,
         )
         instances = _start_instances(state, instance_placements(config, context.devices))
         # Behind the dynamic batcher a stub takes one batch at a time, so that requests wait in the batcher's queue

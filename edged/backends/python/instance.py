@@ -144,7 +144,7 @@ class PythonInstance:
             while reply["t"] != "init_done":
                 # initialize may log, and create its metric families (most models do it there).
                 if reply["t"] == "metric":
-                    self._state.backend.record_metric(self._name, reply)
+                    self._state.record_metric(self._name, reply)
                 else:
                     stub_log(self._name, reply)
                 reply = stub.receive_blocking(None)
@@ -299,7 +299,7 @@ class PythonInstance:
         elif kind == "log":
             stub_log(self._name, message)
         elif kind == "metric":
-            self._state.backend.record_metric(self._name, message)
+            self._state.record_metric(self._name, message)
         elif kind == "is_ready_done":
             self._user_ready = bool(message.get("ready"))
         else:

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 from edged.core.datatypes import WIRE_NAME_BY_CONFIG
 
 if TYPE_CHECKING:
-    from edged.backends.base import ServerApi
-    from edged.backends.python.backend import PythonBackend
+    from collections.abc import Callable
+
+    from edged.core.backend_api import ServerApi
     from edged.proto.model_config_pb2 import ModelConfig
 
 
@@ -25,7 +26,8 @@ class ModelState:
     env: dict[str, str]
     init: dict[str, Any]
     args: dict[str, str]
-    backend: PythonBackend
+    # The backend's custom-metric bookkeeping: (instance name, a stub's metric message).
+    record_metric: Callable[[str, dict[str, Any]], None]
     host: ServerApi | None
 
     output_types: dict[str, str] = field(init=False)

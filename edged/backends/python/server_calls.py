@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from edged.backends.base import ServerApi
     from edged.backends.python.process import StubProcess
+    from edged.core.backend_api import ServerApi
 
 log = logging.getLogger("edged.backends.python")
 

@@ -1,0 +1,99 @@
+"""The import rules of the package, read from the source: frontends -> core <- backends, the daemon above all.
+
+Type-only imports count too: an arrow the type checker follows is an arrow a reader follows.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+PACKAGE: Final = Path(__file__).resolve().parents[1] / "edged"
+
+# package prefix -> prefixes it must never import
+FORBIDDEN: Final = {
+    "edged.core": (
+        "edged.backends",
+        "edged.frontends",
+        "edged.metrics",
+        "edged.daemon",
+        "edged.cli",
+        "litestar",
+        "uvicorn",
+        "grpc",
+        "prometheus_client",
+    ),
+    "edged.backends": ("edged.frontends", "edged.metrics", "edged.daemon", "edged.cli", "edged.state"),
+    "edged.frontends": ("edged.backends", "edged.daemon", "edged.cli", "edged.state"),
+    "edged.metrics": ("edged.backends", "edged.frontends", "edged.daemon", "edged.cli", "edged.state"),
+    "edged.state": ("edged.core", "edged.backends", "edged.frontends", "edged.metrics", "edged.daemon"),
+    "edged.errors": ("edged.",),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    inside = path.is_relative_to(PACKAGE)
+    name = _module_name(path) if inside else "edged.core.bad"
+    package = name.rsplit(".", 1)[0] if path.name != "__init__.py" else name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "proto" not in p.relative_to(PACKAGE).parts[:1])
+
+
+def _matches(name: str, prefix: str) -> bool:
+    return name == prefix.rstrip(".") or name.startswith(prefix if prefix.endswith(".") else prefix + ".")
+
+
+def _violations(module: str, imported: set[str]) -> list[str]:
+    rules = [banned for owner, banned in FORBIDDEN.items() if _matches(module, owner)]
+    return sorted(
+        name
+        for name in imported
+        for banned in rules
+        for prefix in banned
+        if _matches(name, prefix) and not _matches(name, module)
+    )
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_run_one_way(path: Path) -> None:
+    module = _module_name(path)
+    wrong = _violations(module, _imports(path))
+    assert not wrong, f"{module} imports {', '.join(wrong)}"
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    source = tmp_path / "bad.py"
+    source.write_text("from edged.backends import BackendRegistry\nif True:\n    import litestar.app\n")
+    imported = _imports(source)
+    assert _violations("edged.core.bad", imported) == [
+        "edged.backends",
+        "edged.backends.BackendRegistry",
+        "litestar.app",
+    ]
+    assert _violations("edged.daemon", imported) == []
