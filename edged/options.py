@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from edged.metrics.config import parse_metrics_config
+from edged.frontends.metrics.config import parse_metrics_config
 
 ENV_PREFIX: Final = "EDGED_"
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.metrics.config import MetricsConfig, parse_metrics_config
+from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
 
 

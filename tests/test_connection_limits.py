@@ -1,4 +1,4 @@
-"""Slow, idle and excess connections are bounded (edged.frontends.http_limits, the gRPC server's options): a client
+"""Slow, idle and excess connections are bounded (edged.frontends.http.limits, the gRPC server's options): a client
 that sends part of a request and stops, trickles it, idles, or opens connection after connection cannot hold the
 daemon's file descriptors, and exhausting one endpoint leaves the other serving. Real sockets against the real
 daemon, with short timeouts so that each case takes a second or two."""

@@ -29,7 +29,7 @@ import pytest
 import tritonclient.http as httpclient
 from server import REPO_ROOT, STARTUP_TIMEOUT_S, TRACEBACK_MARKER, Reply, free_ports, post_json
 
-from edged.systemd import ServiceNotifier, watchdog_interval
+from edged.daemon.systemd import ServiceNotifier, watchdog_interval
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 

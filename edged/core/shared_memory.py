@@ -62,7 +62,7 @@ class _Region:
     def read(self, start: int, size: int) -> memoryview:
         """``size`` bytes at ``start`` of the object, in a buffer of the daemon's own."""
         # np.empty, not bytearray: the kernel fills every byte, so zeroing them first would be a wasted pass.
-        view = memoryview(np.empty(size, dtype=np.uint8))
+        view = np.empty(size, dtype=np.uint8).data
         done = os.preadv(self.fd, [view], start)
         while done < size:  # a short read: the object ends early, or (rarely) the kernel stopped part way
             count = os.preadv(self.fd, [view[done:]], start + done)

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from edged.frontends.http_infer import (
+from edged.frontends.http.infer import (
     BodyTooLarge,
     HttpOptions,
     Reply,
     answer_infer,
     streamed_too_large,
 )
-from edged.frontends.http_limits import ConnectionLimits, LimitedHttpProtocol
+from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
@@ -94,7 +94,7 @@ class _Inference:
 
 class InferHttpProtocol(LimitedHttpProtocol):
     """Give uvicorn ``InferHttpProtocol.serving(service, options, limits)`` as ``Config(http=...)``. The
-    connection bounds of edged.frontends.http_limits apply to every request, its own included."""
+    connection bounds of edged.frontends.http.limits apply to every request, its own included."""
 
     service: ClassVar[InferenceService]
     options: ClassVar[HttpOptions]

@@ -1,6 +1,6 @@
 """KServe v2 over HTTP (Litestar on uvicorn), with Triton's extensions and Triton's status codes.
 
-The infer endpoint is a plain ASGI handler in front of the app (edged.frontends.http_infer); the other endpoints
+The infer endpoint is a plain ASGI handler in front of the app (edged.frontends.http.infer); the other endpoints
 are the ordinary Litestar handlers here.
 """
 
@@ -14,20 +14,19 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, MediaType, Request, Response, get, post, route
 from litestar.exceptions import InternalServerException, MethodNotAllowedException, NotFoundException
 
-from edged import logs
 from edged.core.model_config import model_config_to_json
 from edged.errors import EdgedError, ErrorCode
-from edged.frontends.http_codec import (
+from edged.frontends import kserve
+from edged.frontends.http.codec import (
     decode_json,
     encode,
     error_body,
     url_version,
 )
-from edged.frontends.http_infer import HttpOptions, InferRoute, status_for
+from edged.frontends.http.infer import HttpOptions, InferRoute, status_for
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
-    from edged.core.stats import Duration, ModelStatistics
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +85,7 @@ def model_ready(request: Request[Any, Any, Any], model: str, version: str | None
 
 @get(["/v2/models/{model:str}", "/v2/models/{model:str}/versions/{version:str}"], sync_to_thread=False)
 def model_metadata(request: Request[Any, Any, Any], model: str, version: str | None = None) -> Response[bytes]:
-    meta = _service(request).model_metadata(model, _version(version))
-    return _json(
-        {
-            "name": meta.name,
-            "versions": list(meta.versions),
-            "platform": meta.platform,
-            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs],
-            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs],
-        }
-    )
+    return _json(kserve.model_metadata(_service(request).model_metadata(model, _version(version))))
 
 
 @get(
@@ -113,42 +103,7 @@ def model_config(request: Request[Any, Any, Any], model: str, version: str | Non
 )
 def model_statistics(request: Request[Any, Any, Any], model: str = "", version: str | None = None) -> Response[bytes]:
     stats = _service(request).statistics(model, _version(version))
-    return _json({"model_stats": [_statistics_json(s) for s in stats]})
-
-
-def _duration(d: Duration) -> dict[str, int]:
-    return {"count": d.count, "ns": d.ns}
-
-
-def _statistics_json(s: ModelStatistics) -> dict[str, Any]:
-    return {
-        "name": s.name,
-        "version": str(s.version),
-        "last_inference": s.last_inference,
-        "inference_count": s.inference_count,
-        "execution_count": s.execution_count,
-        "inference_stats": {
-            "success": _duration(s.success),
-            "fail": _duration(s.fail),
-            "queue": _duration(s.queue),
-            "compute_input": _duration(s.compute_input),
-            "compute_infer": _duration(s.compute_infer),
-            "compute_output": _duration(s.compute_output),
-            "cache_hit": _duration(s.cache_hit),
-            "cache_miss": _duration(s.cache_miss),
-        },
-        "response_stats": {},
-        "batch_stats": [
-            {
-                "batch_size": b.batch_size,
-                "compute_input": _duration(b.compute_input),
-                "compute_infer": _duration(b.compute_infer),
-                "compute_output": _duration(b.compute_output),
-            }
-            for _, b in sorted(s.batch_stats.items())
-        ],
-        "memory_usage": [],
-    }
+    return _json({"model_stats": kserve.model_statistics(stats)})
 
 
 # --- settings that come later ---------------------------------------------------------------------------
@@ -163,57 +118,45 @@ async def trace_setting(model: str = "") -> Response[bytes]:
 @route("/v2/logging", http_method=["GET", "POST"], status_code=200)
 async def logging_setting(request: Request[Any, Any, Any]) -> Response[bytes]:
     if request.method == "POST":
-        _update_log_settings(await request.body())
-    settings = logs.current()
-    return _json(
-        {
-            "log_file": settings.log_file,
-            "log_info": settings.log_info,
-            "log_warning": settings.log_warning,
-            "log_error": settings.log_error,
-            "log_verbose_level": settings.log_verbose_level,
-            "log_format": settings.log_format,
-        }
-    )
+        body = await request.body()
+        if not body.strip():
+            raise EdgedError(ErrorCode.INTERNAL, "failed to parse the request JSON buffer: The document is empty. at 0")
+        kserve.update_log_settings(_JsonLogSettings(_json_object(decode_json(body), "logging settings")), "HTTP")
+    return _json(kserve.log_settings())
 
 
-def _update_log_settings(body: bytes) -> None:
-    """Triton's order, errors and codes: log_file refuses the whole request; then each setting in turn is checked
-    and applied, so one that fails leaves those before it applied. Other keys and null values are ignored. A body
-    that is not an object is refused (400), where Triton ignores it: a client that sends one has a bug to learn of."""
-    if not body.strip():
-        raise EdgedError(ErrorCode.INTERNAL, "failed to parse the request JSON buffer: The document is empty. at 0")
-    parsed = _json_object(decode_json(body), "logging settings")
-    if parsed.get("log_file") is not None:
-        # A remote client must never choose a path the daemon writes to.
-        raise EdgedError(ErrorCode.UNSUPPORTED, "log file location can not be updated through network protocol")
-    changed: dict[str, Any] = {}
-    try:
-        for key in logs.TOGGLES:
-            value = parsed.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, bool):
-                raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-boolean as boolean")
-            changed[key] = value
-            logs.toggle(key, value)
-        level = parsed.get("log_verbose_level")
-        if level is not None:
-            if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level < 2**64:
-                raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer")
-            changed["log_verbose_level"] = logs.update(log_verbose_level=level).log_verbose_level
-        text = parsed.get("log_format")
-        if text is not None:
-            if not isinstance(text, str):
-                raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
-            log_format = logs.log_format(text)
-            if log_format is None:
-                # Triton's own code for this one, though it is the client's mistake.
-                raise EdgedError(ErrorCode.UNAVAILABLE, f"invalid argument for --log_format, got: {text}")
-            changed["log_format"] = logs.update(log_format=log_format).log_format
-    finally:
-        if changed:
-            log.info("log settings changed over HTTP: %s", ", ".join(f"{k}={v}" for k, v in changed.items()))
+class _JsonLogSettings:
+    """A logging request's JSON object, with Triton's HTTP errors (and codes) for values of the wrong type. A null
+    value sets nothing; a body that is not an object is refused (400), where Triton ignores it: a client that sends
+    one has a bug to learn of."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self._document = document
+
+    def sets(self, key: str) -> bool:
+        return self._document.get(key) is not None
+
+    def boolean(self, key: str) -> bool:
+        value = self._document[key]
+        if not isinstance(value, bool):
+            raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-boolean as boolean")
+        return value
+
+    def unsigned(self, key: str) -> int:
+        value = self._document[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+            raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-unsigned-integer as unsigned-integer")
+        return value
+
+    def string(self, key: str) -> str:
+        value = self._document[key]
+        if not isinstance(value, str):
+            raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
+        return value
+
+    def bad_format(self, text: str) -> EdgedError:
+        # Triton's own code for this one, though it is the client's mistake.
+        return EdgedError(ErrorCode.UNAVAILABLE, f"invalid argument for --log_format, got: {text}")
 
 
 # --- shared memory ----------------------------------------------------------------------------------------
@@ -286,17 +229,7 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
         if not isinstance(value, bool):
             raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-boolean as boolean")
         ready = value
-    entries = []
-    for entry in _service(request).repository_index(ready):
-        item: dict[str, str] = {"name": entry.name}
-        if entry.version:
-            item["version"] = entry.version
-        if entry.state:
-            item["state"] = entry.state
-        if entry.reason:
-            item["reason"] = entry.reason
-        entries.append(item)
-    return _json(entries)
+    return _json(kserve.repository_index(_service(request).repository_index(ready)))
 
 
 def _json_object(parsed: Any, what: str) -> dict[str, Any]:

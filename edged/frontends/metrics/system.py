@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.metrics.exposition import Family
+from edged.frontends.metrics.exposition import Family
 
 log = logging.getLogger(__name__)
 

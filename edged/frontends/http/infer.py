@@ -1,11 +1,11 @@
 """The infer endpoint, ``POST /v2/models/{model}[/versions/{version}]/infer``, the path every inference takes.
 
 ``answer_infer`` is the endpoint: from the path, headers and body to the reply (size limit, decompression, one JSON
-decode, numpy views over the body, one encode). The connection protocol (edged.frontends.http_protocol) calls it
+decode, numpy views over the body, one encode). The connection protocol (edged.frontends.http.protocol) calls it
 straight from the parsed request; ``InferRoute``, a plain ASGI handler ahead of the Litestar router, calls it for
 the requests the protocol leaves to ASGI (pipelined behind another, ``Expect: 100-continue``, HTTP/1.0, escaped
 paths). A client that closes its connection before the answer cancels its request, as a cancelled gRPC call does.
-Every other path goes to the Litestar app (edged.frontends.http).
+Every other path goes to the Litestar app (edged.frontends.http.routes).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from edged.core.inference import InferRequest
 from edged.errors import EdgedError, ErrorCode
-from edged.frontends.http_codec import (
+from edged.frontends.http.codec import (
     decode_infer_request,
     encode_infer_response,
     error_body,

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from edged.frontends.http_infer import declared_too_large
+from edged.frontends.http.infer import declared_too_large
 
 log = logging.getLogger("edged.frontends.http")
 

@@ -1,7 +1,7 @@
 """The metrics endpoint (Prometheus text format) on its own port, as Triton serves it.
 
-``GET /metrics`` lists, under Triton's names: the per-model families built from the statistics (edged.metrics.
-models), the CPU and GPU gauges (edged.metrics.system), and the metric families models create themselves (the
+``GET /metrics`` lists, under Triton's names: the per-model families built from the statistics (edged.frontends.metrics.
+models), the CPU and GPU gauges (edged.frontends.metrics.system), and the metric families models create themselves (the
 Python backend's ``pb_utils.MetricFamily``), under their own names. Any other method on /metrics is 405; any other
 path is 200 with an empty body, as Triton's metrics server answers.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edged.metrics.config import MetricsConfig, parse_metrics_config
-from edged.metrics.exposition import CONTENT_TYPE, Family, render
-from edged.metrics.models import LatencyRecorder, ModelMetrics
-from edged.metrics.system import SystemMetrics
+from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
+from edged.frontends.metrics.exposition import CONTENT_TYPE, Family, render
+from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
+from edged.frontends.metrics.system import SystemMetrics
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -24,9 +24,6 @@ from edged.proto import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
     from edged.core.inference import InferResponse
-    from edged.core.repository_manager import IndexEntry
-    from edged.core.service import ModelMetadata
-    from edged.core.stats import BatchStatistics, Duration, ModelStatistics
 
 # Request parameters that Triton reserves under the ``triton_`` prefix and a client may send.
 ENABLE_EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
@@ -354,61 +351,6 @@ def encode_stream_error(request: Any, error: EdgedError) -> Any:
 
 
 # --- metadata, statistics, repository -------------------------------------------------------------------
-
-
-def encode_model_metadata(meta: ModelMetadata) -> Any:
-    return pb.ModelMetadataResponse(
-        name=meta.name,
-        versions=meta.versions,
-        platform=meta.platform,
-        inputs=[{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in meta.inputs],
-        outputs=[{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in meta.outputs],
-    )
-
-
-def _duration(d: Duration) -> dict[str, int]:
-    return {"count": d.count, "ns": d.ns}
-
-
-def _batch(b: BatchStatistics) -> dict[str, Any]:
-    return {
-        "batch_size": b.batch_size,
-        "compute_input": _duration(b.compute_input),
-        "compute_infer": _duration(b.compute_infer),
-        "compute_output": _duration(b.compute_output),
-    }
-
-
-def encode_statistics(stats: list[ModelStatistics]) -> Any:
-    return pb.ModelStatisticsResponse(
-        model_stats=[
-            {
-                "name": s.name,
-                "version": str(s.version),
-                "last_inference": s.last_inference,
-                "inference_count": s.inference_count,
-                "execution_count": s.execution_count,
-                "inference_stats": {
-                    "success": _duration(s.success),
-                    "fail": _duration(s.fail),
-                    "queue": _duration(s.queue),
-                    "compute_input": _duration(s.compute_input),
-                    "compute_infer": _duration(s.compute_infer),
-                    "compute_output": _duration(s.compute_output),
-                    "cache_hit": _duration(s.cache_hit),
-                    "cache_miss": _duration(s.cache_miss),
-                },
-                "batch_stats": [_batch(b) for _, b in sorted(s.batch_stats.items())],
-            }
-            for s in stats
-        ]
-    )
-
-
-def encode_repository_index(entries: list[IndexEntry]) -> Any:
-    return pb.RepositoryIndexResponse(
-        models=[{"name": e.name, "version": e.version, "state": e.state, "reason": e.reason} for e in entries]
-    )
 
 
 def internal_error() -> EdgedError:

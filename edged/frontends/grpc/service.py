@@ -22,16 +22,13 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 
-from edged import logs
 from edged.errors import EdgedError, ErrorCode, invalid_arg, unsupported
-from edged.frontends.grpc_codec import (
+from edged.frontends import kserve
+from edged.frontends.grpc.codec import (
     ENABLE_EMPTY_FINAL_RESPONSE,
     FINAL_RESPONSE,
     decode_infer_request,
     encode_infer_response,
-    encode_model_metadata,
-    encode_repository_index,
-    encode_statistics,
     encode_stream_error,
     internal_error,
     parse_version,
@@ -99,36 +96,36 @@ def _unary(handler: _Handler) -> _Handler:
     return wrapper  # type: ignore[return-value]
 
 
-def _update_log_settings(settings: Any) -> None:
-    """Triton's order, errors and codes: log_file, whatever its value, refuses the whole request; then each setting
-    in turn is checked and applied, so one that fails leaves those before it applied. Other keys are ignored."""
-    if "log_file" in settings:
-        # A remote client must never choose a path the daemon writes to.
-        raise unsupported("log file location can not be updated through network protocol")
-    changed: dict[str, Any] = {}
-    try:
-        for key in logs.TOGGLES:
-            if key in settings:
-                if settings[key].WhichOneof("parameter_choice") != "bool_param":
-                    raise invalid_arg(f"expect boolean for '{key}'")
-                changed[key] = settings[key].bool_param
-                logs.toggle(key, settings[key].bool_param)
-        if "log_verbose_level" in settings:
-            value = settings["log_verbose_level"]
-            if value.WhichOneof("parameter_choice") != "uint32_param":
-                raise invalid_arg("expect int32 for 'log_verbose_level'")
-            changed["log_verbose_level"] = logs.update(log_verbose_level=value.uint32_param).log_verbose_level
-        if "log_format" in settings:
-            value = settings["log_format"]
-            if value.WhichOneof("parameter_choice") != "string_param":
-                raise invalid_arg("expect string for 'log_format'")
-            log_format = logs.log_format(value.string_param)
-            if log_format is None:
-                raise invalid_arg(f"invalid argument for log_format, got: {value.string_param}")
-            changed["log_format"] = logs.update(log_format=log_format).log_format
-    finally:
-        if changed:
-            log.info("log settings changed over gRPC: %s", ", ".join(f"{k}={v}" for k, v in changed.items()))
+class _LogSettings:
+    """A LogSettings request's map, with Triton's gRPC errors for values of the wrong kind. A key that is present
+    sets its setting, whatever its value (so a ``log_file`` of any value refuses the request)."""
+
+    def __init__(self, settings: Any) -> None:
+        self._settings = settings
+
+    def sets(self, key: str) -> bool:
+        return key in self._settings
+
+    def boolean(self, key: str) -> bool:
+        value = self._settings[key]
+        if value.WhichOneof("parameter_choice") != "bool_param":
+            raise invalid_arg(f"expect boolean for '{key}'")
+        return bool(value.bool_param)
+
+    def unsigned(self, key: str) -> int:
+        value = self._settings[key]
+        if value.WhichOneof("parameter_choice") != "uint32_param":
+            raise invalid_arg(f"expect int32 for '{key}'")
+        return int(value.uint32_param)
+
+    def string(self, key: str) -> str:
+        value = self._settings[key]
+        if value.WhichOneof("parameter_choice") != "string_param":
+            raise invalid_arg(f"expect string for '{key}'")
+        return str(value.string_param)
+
+    def bad_format(self, text: str) -> EdgedError:
+        return invalid_arg(f"invalid argument for log_format, got: {text}")
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -169,7 +166,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     @_unary
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        return encode_model_metadata(self._service.model_metadata(request.name, parse_version(request.version)))
+        meta = self._service.model_metadata(request.name, parse_version(request.version))
+        return pb.ModelMetadataResponse(**kserve.model_metadata(meta))
 
     @_unary
     async def ModelConfig(self, request: Any, context: Any) -> Any:
@@ -178,14 +176,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     @_unary
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        return encode_statistics(self._service.statistics(request.name, parse_version(request.version)))
+        stats = self._service.statistics(request.name, parse_version(request.version))
+        return pb.ModelStatisticsResponse(model_stats=kserve.model_statistics(stats))
 
     # --- repository -------------------------------------------------------------------------------------
 
     @_unary
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         _refuse_named_repository(request.repository_name)
-        return encode_repository_index(self._service.repository_index(request.ready))
+        return pb.RepositoryIndexResponse(models=kserve.repository_index(self._service.repository_index(request.ready)))
 
     @_unary
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
@@ -262,15 +261,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     @_unary
     async def LogSettings(self, request: Any, context: Any) -> Any:
-        _update_log_settings(request.settings)
-        settings = logs.current()
+        kserve.update_log_settings(_LogSettings(request.settings), "gRPC")
         reply = pb.LogSettingsResponse()
-        reply.settings["log_file"].string_param = settings.log_file
-        reply.settings["log_info"].bool_param = settings.log_info
-        reply.settings["log_warning"].bool_param = settings.log_warning
-        reply.settings["log_error"].bool_param = settings.log_error
-        reply.settings["log_verbose_level"].uint32_param = settings.log_verbose_level
-        reply.settings["log_format"].string_param = settings.log_format
+        for key, value in kserve.log_settings().items():
+            kind = (
+                "bool_param"
+                if isinstance(value, bool)
+                else "uint32_param"
+                if isinstance(value, int)
+                else "string_param"
+            )
+            setattr(reply.settings[key], kind, value)
         return reply
 
     # --- inference --------------------------------------------------------------------------------------

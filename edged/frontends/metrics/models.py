@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from edged.core.stats import FailureReason
 from edged.errors import EdgedError
-from edged.metrics.exposition import Family, Labels, format_value
+from edged.frontends.metrics.exposition import Family, Labels, format_value
 
 if TYPE_CHECKING:
     from edged.core.repository_manager import ModelRepositoryManager
     from edged.core.stats import ExecutionTiming, ModelStatistics, RequestObserver
-    from edged.metrics.config import MetricsConfig
+    from edged.frontends.metrics.config import MetricsConfig
     from edged.proto.model_config_pb2 import ModelConfig
 
 FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"

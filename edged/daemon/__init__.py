@@ -1,0 +1,6 @@
+"""The daemon: its parts started in order and stopped in reverse (server.py, parts.py), its network endpoints
+(endpoints.py), the signals it answers (signals.py), reloads (reload.py) and its word to systemd (systemd.py)."""
+
+from edged.daemon.server import run, serve
+
+__all__ = ["run", "serve"]

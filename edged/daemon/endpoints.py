@@ -1,0 +1,253 @@
+"""The daemon's network parts: the sockets bound before the models load, the HTTP and metrics servers (uvicorn)
+and the gRPC server, each a part with start and stop (edged.daemon.parts), and the bounds they are held to."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import resource
+import socket
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from edged.frontends.grpc import GrpcOptions, GrpcServer
+from edged.frontends.http import (
+    ConnectionLimits,
+    HttpOptions,
+    InferHttpProtocol,
+    LimitedHttpProtocol,
+    create_http_app,
+)
+from edged.frontends.metrics import MetricsCollector, SystemMetrics, create_metrics_app
+
+if TYPE_CHECKING:
+    from edged.core.service import InferenceService
+    from edged.settings import Settings
+
+log = logging.getLogger("edged")
+
+# The metrics endpoint serves a scraper or two, and GETs without bodies.
+METRICS_MAX_CONNECTIONS = 64
+METRICS_MAX_BODY_SIZE = 64 * 1024
+# File descriptors kept for what is not a client connection: models' files, Python stubs' pipes and shared memory,
+# shared-memory regions, the state database, journald.
+RESERVED_FILE_DESCRIPTORS = 2048
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message is the one line it exits with."""
+
+
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_connections=settings.http_max_connections,
+        header_timeout_s=settings.http_header_timeout_secs,
+        body_timeout_s=settings.http_body_timeout_secs,
+        min_body_rate=settings.http_min_body_rate,
+        keepalive_timeout_s=settings.http_keepalive_timeout_secs,
+        max_body_size=settings.http_max_input_size,
+    )
+
+
+def raise_file_limit(settings: Settings) -> None:
+    """Raise the soft limit on open files to the hard one (the systemd unit sets both), and say so when even that
+    cannot hold every connection the endpoints allow: then one endpoint's clients could starve the others."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    wanted = RESERVED_FILE_DESCRIPTORS + settings.http_max_connections
+    wanted += settings.grpc_max_connections if settings.allow_grpc else 0
+    wanted += METRICS_MAX_CONNECTIONS if settings.allow_metrics else 0
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "the open file limit (%d) is below the %d that the connection limits need (--http-max-connections, "
+            "--grpc-max-connections and %d for the rest): raise LimitNOFILE or lower the connection limits",
+            soft,
+            wanted,
+            RESERVED_FILE_DESCRIPTORS,
+        )
+
+
+def describe(settings: Settings) -> str:
+    """``HTTP :8000, gRPC :8001, metrics :8002``: the endpoints, for the status line."""
+    return ", ".join(
+        f"{what} :{port}"
+        for what, port, enabled in (
+            ("HTTP", settings.http_port, True),
+            ("gRPC", settings.grpc_port, settings.allow_grpc),
+            ("metrics", settings.metrics_port, settings.allow_metrics),
+        )
+        if enabled
+    )
+
+
+class BoundSockets:
+    """The HTTP and metrics sockets, bound (not listening) before the models load: a port in use fails the start
+    at once, and nobody connects until the endpoint serves. Closed once the servers on them have stopped."""
+
+    name = "sockets"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.http: socket.socket | None = None
+        self.metrics: socket.socket | None = None
+
+    async def start(self) -> None:
+        settings = self._settings
+        self.http = _bind("HTTP", settings.http_address, settings.http_port)
+        if settings.allow_metrics:
+            self.metrics = _bind("metrics", settings.metrics_address or settings.http_address, settings.metrics_port)
+
+    def stopping(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        for sock in (self.http, self.metrics):
+            if sock is not None:
+                sock.close()
+
+
+class UvicornEndpoint:
+    """An HTTP server on a bound socket. ``task`` ends when the server does (asked to, or not)."""
+
+    def __init__(self, name: str, config: uvicorn.Config, sock: socket.socket) -> None:
+        self.name = name
+        self._server = _Server(config)
+        self._socket = sock
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started:
+            if self.task.done():
+                # The socket is bound already, so this is rare (no file descriptors left, say); uvicorn said why.
+                raise StartupError("an endpoint failed to start")
+            await asyncio.sleep(0.01)
+
+    def stopping(self) -> None:
+        # Stops accepting and finishes the requests it has; cancels what still runs after the exit timeout.
+        self._server.should_exit = True
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+def http_endpoint(settings: Settings, service: InferenceService, sock: socket.socket) -> UvicornEndpoint:
+    options = HttpOptions(max_input_size=settings.http_max_input_size)
+    protocol = InferHttpProtocol.serving(service, options, connection_limits(settings))
+    config = _uvicorn_config(create_http_app(service, options), settings, protocol)
+    return UvicornEndpoint("the HTTP endpoint", config, sock)
+
+
+def metrics_endpoint(settings: Settings, collector: MetricsCollector, sock: socket.socket) -> UvicornEndpoint:
+    limits = dataclasses.replace(
+        connection_limits(settings), max_connections=METRICS_MAX_CONNECTIONS, max_body_size=METRICS_MAX_BODY_SIZE
+    )
+    protocol = LimitedHttpProtocol.limited(limits, "metrics")
+    return UvicornEndpoint(
+        "the metrics endpoint", _uvicorn_config(create_metrics_app(collector), settings, protocol), sock
+    )
+
+
+class SystemMetricsPart:
+    """The CPU and GPU gauges, sampled in a thread of their own while the metrics endpoint serves."""
+
+    name = "system metrics"
+
+    def __init__(self, metrics: SystemMetrics) -> None:
+        self._metrics = metrics
+
+    async def start(self) -> None:
+        self._metrics.start()
+
+    def stopping(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self._metrics.stop()
+
+
+class GrpcEndpoint:
+    name = "the gRPC endpoint"
+
+    def __init__(self, settings: Settings, service: InferenceService) -> None:
+        self._settings = settings
+        self._service = service
+        self.server: GrpcServer | None = None
+
+    async def start(self) -> None:
+        settings = self._settings
+        options = GrpcOptions(
+            max_message_size=settings.grpc_max_message_size,
+            shutdown_grace_s=settings.exit_timeout_secs,
+            max_connections=settings.grpc_max_connections,
+            handshake_timeout_s=settings.grpc_handshake_timeout_secs,
+            idle_timeout_s=settings.grpc_idle_timeout_secs,
+        )
+        try:
+            self.server = GrpcServer(self._service, settings.grpc_address, settings.grpc_port, options)
+        except RuntimeError as exc:
+            # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.
+            raise StartupError(f"the gRPC endpoint failed to start: {exc}") from None
+        await self.server.start()
+
+    def stopping(self) -> None:
+        pass  # grpc.aio refuses new calls as its stop begins, in stop()
+
+    async def stop(self) -> None:
+        # New calls are refused at once; open streams answer what they read, within the exit timeout.
+        if self.server is not None:
+            await self.server.stop()
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to the daemon, which stops every server together."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _uvicorn_config(app: Any, settings: Settings, protocol: type[LimitedHttpProtocol]) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        # uvicorn's httptools protocol with connection bounds (edged.frontends.http.limits); the HTTP endpoint's
+        # also answers inference requests itself (edged.frontends.http.protocol).
+        http=protocol,
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        # uvicorn's lines go through edged's handlers (journald under systemd, the logging extension's switches)
+        # instead of a stderr handler of its own.
+        log_config=None,
+        # uvicorn types it int, but only hands it to loop.call_later, which takes seconds as a float.
+        timeout_keep_alive=protocol.limits.keepalive_timeout_s,  # type: ignore[arg-type]
+        # At shutdown, requests still running after this long are cancelled.
+        timeout_graceful_shutdown=max(1, round(settings.exit_timeout_secs)),
+    )
+
+
+def _bind(what: str, address: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise StartupError(f"the {what} address '{address}' cannot be resolved: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    # As uvicorn binds: a restart must not wait for the previous daemon's connections in TIME_WAIT.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(where)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"the {what} endpoint cannot listen on {address}:{port}: {exc.strerror}") from None
+    return sock

@@ -1,0 +1,372 @@
+"""The daemon's life cycle: build the parts, start them in order, serve, stop them in reverse.
+
+One process, one event loop: the HTTP, gRPC and metrics servers share it; model executions that are too long
+for the loop go to the worker pool (see edged.core.scheduler). The parts, in the order they start:
+
+1. ``core``: the worker pool, the shared-memory regions (the service itself is built with the daemon);
+2. ``state``: the state database;
+3. ``sockets``: the HTTP and metrics ports, bound before the models load so that a port in use fails at once;
+4. ``models``: model control, which loads what this mode serves;
+5. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC;
+6. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
+
+Adding a part (sync, the console) is one line in ``_parts``. Signals: edged.daemon.signals. Start-up problems of
+the daemon itself (a port in use, a repository it cannot read, a state directory it cannot write) end it with
+status 1 and one line saying why; a model that fails to load never does (unless --exit-on-error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edged import __version__
+from edged.backends import BackendRegistry
+from edged.core.devices import DeviceInventory
+from edged.core.model_control import ControlMode, ControlOptions, ModelController
+from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager, ModelState
+from edged.core.service import InferenceService
+from edged.core.shared_memory import SharedMemoryManager
+from edged.daemon.endpoints import (
+    BoundSockets,
+    GrpcEndpoint,
+    StartupError,
+    SystemMetricsPart,
+    UvicornEndpoint,
+    describe,
+    http_endpoint,
+    metrics_endpoint,
+    raise_file_limit,
+)
+from edged.daemon.parts import Part, Parts
+from edged.daemon.reload import read_settings, reload
+from edged.daemon.signals import Signals
+from edged.daemon.systemd import ServiceNotifier
+from edged.frontends.metrics import LatencyRecorder, MetricsCollector, ModelMetrics, SystemMetrics
+from edged.state.store import StateError, StateStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from edged.settings import Settings
+
+log = logging.getLogger("edged")
+
+# How often the status line systemd shows is brought up to date (sent only when it changed).
+STATUS_REFRESH_S = 1.0
+
+
+@dataclass(slots=True)
+class Core:
+    """What every part shares: built at once, without I/O, so that a signal can stop the daemon at any time."""
+
+    executor: ThreadPoolExecutor
+    backends: BackendRegistry
+    latencies: LatencyRecorder
+    manager: ModelRepositoryManager
+    shared_memory: SharedMemoryManager
+    service: InferenceService
+
+    @classmethod
+    def build(cls, settings: Settings) -> Core:
+        # Worker threads for model executions: enough for every core to be busy in onnxruntime.
+        executor = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="edged-exec")
+        # Taken once: instance groups are checked against it and instances placed on it as models load.
+        devices = DeviceInventory.discover()
+        log.info("devices: %s", devices.describe())
+        backends = BackendRegistry(settings.backend_config)
+        # Per-request latencies for the metrics' summaries and histograms, when --metrics-config asks for them.
+        latencies = LatencyRecorder(settings.metrics_config)
+        manager = ModelRepositoryManager(
+            ManagerOptions(
+                repositories=settings.model_repositories,
+                auto_complete=settings.auto_complete_config,
+                default_max_batch_size=settings.default_max_batch_size,
+                load_thread_count=settings.model_load_thread_count,
+                devices=devices,
+                request_observer=latencies.observer,
+            ),
+            executor,
+            backends,
+        )
+        shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
+        service = InferenceService(
+            manager,
+            server_id=settings.server_id,
+            strict_readiness=settings.strict_readiness,
+            shared_memory=shared_memory,
+        )
+        # Before any model loads: BLS calls and ensembles come back to the service.
+        backends.attach(service)
+        return cls(executor, backends, latencies, manager, shared_memory, service)
+
+    def status(self, endpoints: str) -> str:
+        """``3/3 models ready; HTTP :8000, gRPC :8001, metrics :8002``: what ``systemctl status`` shows."""
+        manager = self.manager
+        entries = [entry for name in manager.names() if (entry := manager.entry(name)) is not None and entry.wanted]
+        ready = sum(1 for entry in entries if entry.state is ModelState.READY)
+        return f"{ready}/{len(entries)} models ready; {endpoints}"
+
+
+class CorePart:
+    """The core's resources: released last."""
+
+    name = "core"
+
+    def __init__(self, core: Core, settings: Settings) -> None:
+        self._core = core
+        self._settings = settings
+
+    async def start(self) -> None:
+        for repository in self._settings.model_repositories:
+            try:
+                with os.scandir(repository):
+                    pass
+            except OSError as exc:
+                raise StartupError(f"model repository '{repository}' cannot be read: {exc.strerror}") from None
+
+    def stopping(self) -> None:
+        self._core.service.stopping = True
+
+    async def stop(self) -> None:
+        self._core.shared_memory.close()
+        self._core.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class StatePart:
+    name = "state"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.store: StateStore | None = None
+
+    async def start(self) -> None:
+        if self._settings.state_dir is not None:
+            try:
+                self.store = StateStore.open(self._settings.state_dir)
+            except StateError as exc:
+                raise StartupError(str(exc)) from None
+
+    def stopping(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        if self.store is not None:
+            self.store.close()  # closed already by the models part when it ran; twice is harmless
+
+
+class ModelsPart:
+    """Model control: loads what this mode serves at start; at stop, every model unloads (stubs finalize)."""
+
+    name = "models"
+
+    def __init__(self, core: Core, settings: Settings, state: StatePart) -> None:
+        self._core = core
+        self._settings = settings
+        self._state = state
+        self.controller: ModelController | None = None
+
+    async def start(self) -> None:
+        settings, manager = self._settings, self._core.manager
+        controller = self.controller = ModelController(
+            manager,
+            ControlOptions(
+                mode=ControlMode(settings.model_control_mode),
+                poll_secs=settings.repository_poll_secs,
+                startup_models=settings.load_models,
+                load_thread_count=settings.model_load_thread_count,
+                state_dir=settings.state_dir,
+            ),
+            self._state.store,
+        )
+        self._core.service.controller = controller
+        log.info("edged %s starting: loading models from %s", __version__, ", ".join(map(str, manager.repositories)))
+        await controller.start()
+        failed = manager.failed()
+        for what, reason in failed:
+            log.error("%s is UNAVAILABLE: %s", what, reason)
+        if failed and settings.exit_on_error:
+            raise StartupError(f"{len(failed)} model(s) failed to load and --exit-on-error is set")
+
+    def stopping(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        if self.controller is None:
+            return
+        await self.controller.stop()
+        # Waits for the executions the cancelled requests left behind; Python stubs' finalize() runs here.
+        await self._core.manager.unload_all()
+        self.controller.close()
+
+
+class ReadinessPart:
+    """The daemon serves: say so to the log and to systemd, keep the status line current, allow reloads."""
+
+    name = "readiness"
+
+    def __init__(self, core: Core, settings: Settings, notifier: ServiceNotifier, signals: Signals) -> None:
+        self._core = core
+        self._settings = settings
+        self._notifier = notifier
+        self._signals = signals
+        self._refresh: asyncio.Task[None] | None = None
+
+    def status(self) -> str:
+        return self._core.status(describe(self._settings))
+
+    async def start(self) -> None:
+        settings = self._settings
+        self._core.service.started = True
+        log.info(
+            "edged ready: HTTP on %s:%d%s%s",
+            settings.http_address,
+            settings.http_port,
+            f", gRPC on {settings.grpc_address}:{settings.grpc_port}" if settings.allow_grpc else "",
+            f", metrics on port {settings.metrics_port}" if settings.allow_metrics else "",
+        )
+        self._notifier.ready(self.status())
+        if self._notifier.enabled:
+            self._refresh = asyncio.create_task(self._refresh_status())
+        self._signals.ready()
+
+    def stopping(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+
+    async def stop(self) -> None:
+        if self._refresh is not None:
+            await asyncio.gather(self._refresh, return_exceptions=True)
+
+    async def _refresh_status(self) -> None:
+        # Models change state on their own (poll mode, the repository API, a stub that died): follow them.
+        while True:
+            await asyncio.sleep(STATUS_REFRESH_S)
+            if not self._signals.reloading:
+                self._notifier.status(self.status())
+
+
+async def serve(settings: Settings, reread: Callable[[], Settings] = read_settings) -> int:
+    notifier = ServiceNotifier()
+    # Fed from the first moment, so that a long model load is not mistaken for a hang (TimeoutStartSec bounds it).
+    watchdog = notifier.start_watchdog()
+    try:
+        return await _serve(settings, reread, notifier)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
+
+
+async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: ServiceNotifier) -> int:
+    models: ModelsPart | None = None
+    readiness: ReadinessPart | None = None
+
+    async def on_reload() -> None:
+        assert models is not None and models.controller is not None and readiness is not None  # ready by now
+        await reload(notifier, models.controller, settings, reread, readiness.status)
+
+    signals = Signals(on_reload)
+    signals.install()  # before anything slow: SIGHUP's default action would end the daemon
+    raise_file_limit(settings)
+    core = Core.build(settings)
+    state = StatePart(settings)
+    sockets = BoundSockets(settings)
+    models = ModelsPart(core, settings, state)
+    readiness = ReadinessPart(core, settings, notifier, signals)
+    notifier.status("loading models")
+    parts = Parts()
+    endpoints: list[UvicornEndpoint] = []
+    try:
+        for part in _parts(core, settings, state, sockets, models, readiness, endpoints):
+            await parts.start(part)
+            if signals.stop.is_set():
+                return 0
+        waiter = asyncio.create_task(signals.stop.wait())
+        tasks = [endpoint.task for endpoint in endpoints if endpoint.task is not None]
+        await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            # An endpoint ended without being asked to: exit non-zero so systemd's Restart=on-failure applies.
+            waiter.cancel()
+            log.error("exiting: an endpoint stopped unexpectedly")
+            return 1
+        log.info("edged stopping")
+        return 0
+    except StartupError as exc:
+        log.error("exiting: %s", exc)
+        return 1
+    finally:
+        notifier.stopping()
+        await signals.close()
+        await parts.stop()
+        log.info("edged stopped")
+
+
+def _parts(
+    core: Core,
+    settings: Settings,
+    state: StatePart,
+    sockets: BoundSockets,
+    models: ModelsPart,
+    readiness: ReadinessPart,
+    endpoints: list[UvicornEndpoint],
+) -> Iterator[Part]:
+    """The parts in start order: a generator, so that each endpoint is built once its socket is bound; the HTTP
+    and metrics endpoints are added to ``endpoints`` as they are built (their ending unasked ends the daemon)."""
+    yield CorePart(core, settings)
+    yield state
+    yield sockets
+    yield models
+    assert sockets.http is not None
+    http = http_endpoint(settings, core.service, sockets.http)
+    endpoints.append(http)
+    yield http
+    if settings.allow_metrics:
+        assert sockets.metrics is not None
+        system = SystemMetrics(
+            cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics, interval_ms=settings.metrics_interval_ms
+        )
+        yield SystemMetricsPart(system)
+        families = ModelMetrics(core.manager, settings.metrics_config, core.latencies)
+        metrics = metrics_endpoint(
+            settings, MetricsCollector(families, system, core.backends.custom_metrics), sockets.metrics
+        )
+        endpoints.append(metrics)
+        yield metrics
+    if settings.allow_grpc:
+        yield GrpcEndpoint(settings, core.service)
+    yield readiness
+
+
+def run(settings: Settings) -> int:
+    _configure_logging(settings)
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional: plain asyncio works, only slower
+        return asyncio.run(serve(settings))
+    return uvloop.run(serve(settings))
+
+
+def _configure_logging(settings: Settings) -> None:
+    # Imported here so that this function is the daemon's whole contact with edged.logs.
+    import sys
+
+    from edged import logs
+
+    try:
+        logs.configure(
+            settings.log_verbose,
+            # Read with defaults: the command line offers these once it has the flags.
+            log_file=getattr(settings, "log_file", "") or "",
+            log_format=getattr(settings, "log_format", "default"),
+            log_info=getattr(settings, "log_info", True),
+            log_warning=getattr(settings, "log_warning", True),
+            log_error=getattr(settings, "log_error", True),
+        )
+    except logs.LogFileError as exc:
+        print(f"edged: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
