@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import edged.backends.python.triton_python_backend_utils as pb_utils
-from edged.backends.python import ipc, shm
+import edged.backends.python.stub.triton_python_backend_utils as pb_utils
+from edged.backends.python.wire import ipc, shm
 
 
 def _config(**extra: Any) -> pb_utils.ModelConfig:

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from edged.backends.python import shm
 from edged.backends.python.dispatch import SLOTS_PER_INSTANCE, Dispatcher, Slot
 from edged.backends.python.environment import stub_interpreter
 from edged.backends.python.instance import PythonInstance, stub_log
 from edged.backends.python.model_state import ModelState
 from edged.backends.python.process import StubGone, StubProcess, stub_environment
+from edged.backends.python.wire import shm
 from edged.core.backend_api import CustomMetric, CustomMetricFamily
 from edged.core.devices import InstancePlacement, instance_placements
 from edged.core.model_config import model_config_from_json, model_config_to_json

@@ -24,7 +24,7 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING
 
-from edged.backends.python import ipc
+from edged.backends.python.wire import ipc
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edged.backends.python import ipc, shm
 from edged.backends.python.messages import read_response, request_spec
 from edged.backends.python.process import StubGone, StubProcess
 from edged.backends.python.server_calls import ServerCalls
+from edged.backends.python.wire import ipc, shm
 from edged.core.inference import InferRequest, InferResponse, StreamResponse
 from edged.errors import EdgedError, ErrorCode
 

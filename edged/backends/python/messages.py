@@ -7,13 +7,13 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from edged.backends.python import ipc
+from edged.backends.python.wire import ipc
 from edged.core.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from edged.backends.python import shm
     from edged.backends.python.model_state import ModelState
+    from edged.backends.python.wire import shm
     from edged.core.inference import InferRequest
 
 log = logging.getLogger("edged.backends.python")

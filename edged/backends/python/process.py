@@ -8,7 +8,7 @@ only extra descriptor. The handle talks in two modes:
   callback, and sends never block (a full socket queues until it drains). Nothing else touches the socket then.
 
 Tensors the stub sends are copied out of its ring as each message is read, so its ring never waits on the
-daemon's clients; tensors the daemon sends go through the daemon's own ring (edged.backends.python.shm).
+daemon's clients; tensors the daemon sends go through the daemon's own ring (edged.backends.python.wire.shm).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from edged.backends.python import ipc, shm
+from edged.backends.python.wire import ipc, shm
 
 if TYPE_CHECKING:
     import asyncio
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edged.backends.python")
 
-STUB_SCRIPT = Path(__file__).with_name("stub.py")
+STUB_SCRIPT = Path(__file__).parent / "stub" / "main.py"
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _Packet = list[bytes | memoryview]

@@ -17,7 +17,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from edged.backends.python import ipc, shm
+from edged.backends.python.wire import ipc, shm
 from edged.core.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from edged.errors import EdgedError, ErrorCode
 

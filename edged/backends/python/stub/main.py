@@ -1,6 +1,6 @@
 """The stub: one process per model instance, running a Triton Python-backend ``model.py`` for the daemon.
 
-Started by the daemon as ``<python> stub.py <socket fd>`` (never through a shell), with one end of a
+Started by the daemon as ``<python> stub/main.py <socket fd>`` (never through a shell), with one end of a
 SOCK_SEQPACKET socket pair. The first message says what to do: ``auto_complete`` (run the model's
 auto_complete_config and exit) or ``init`` (import the model, call initialize, then serve).
 
@@ -15,8 +15,10 @@ through a response sender, the logger). A coroutine ``execute`` runs on an event
 
 When the daemon goes away (its end of the socket closes) the stub exits at once, whatever the model is doing.
 
-Imports: the standard library, numpy, and the sibling modules of this folder, which is taken off ``sys.path``
-again once they are loaded so that a model's own imports never find them.
+Imports: the standard library, numpy, triton_python_backend_utils beside it and the wire format the daemon
+speaks too (``../wire``: ipc, shm); both folders are taken off ``sys.path`` again once these are loaded, so that a
+model's own imports never find them. The process boundary is the tree's: the daemon side is ``..``, the stub side
+this folder, and ``../wire`` what both import.
 """
 
 from __future__ import annotations
@@ -39,19 +41,24 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# The wire format the daemon speaks too (edged.backends.python.wire), beside this folder.
+_WIRE = os.path.join(os.path.dirname(_HERE), "wire")
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-    import edged.backends.python.triton_python_backend_utils as pb_utils
-    from edged.backends.python import ipc, shm
+    import edged.backends.python.stub.triton_python_backend_utils as pb_utils
+    from edged.backends.python.wire import ipc, shm
 else:
+    # Run as a script (maybe by another interpreter, without edged installed): its own folder is on sys.path,
+    # the wire's is put there for these imports.
+    sys.path.insert(1, _WIRE)
     import ipc
     import shm
     import triton_python_backend_utils as pb_utils
 
-    # The model sees triton_python_backend_utils (already imported) and nothing else of this folder.
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    # The model sees triton_python_backend_utils (already imported) and nothing else of these folders.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (_HERE, _WIRE)]
     for _name in ("ipc", "shm"):
         sys.modules.pop(_name, None)
 
@@ -69,7 +76,7 @@ def describe(exc: BaseException) -> tuple[str, str]:
     text = str(exc)
     first = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     # The stub's own frames say nothing about the model.
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.dirname(f.filename) != _HERE]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.dirname(f.filename) not in (_HERE, _WIRE)]
     where = "\n".join(f"  {f.filename}({f.lineno}): {f.name}" for f in reversed(frames))
     return ipc.cut(first), ipc.cut(f"At:\n{where}" if where else "")
 

@@ -8,7 +8,7 @@ raw NUL). Tensors of a message travel one of two ways:
 * small ones (``INLINE_MAX`` bytes in all, the common case of a request's inputs and outputs) inside the packet,
   sent straight from the arrays' memory (scatter-gather, no copy on the way out); each ``TensorDesc`` has ``p``,
   its offset in the payload. Nothing is held or released afterwards, so a round trip costs two syscalls per side.
-* larger ones through the sender's shared-memory ring (edged.backends.python.shm): each ``TensorDesc`` has ``o``,
+* larger ones through the sender's shared-memory ring (edged.backends.python.wire.shm): each ``TensorDesc`` has ``o``,
   its ring position, and the message has ``blk``, the span the receiver holds until it has read or finished with
   the tensors, and ``region`` with a descriptor when the sender has moved to a new ring.
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import NotRequired
 
-    from edged.backends.python.shm import Consumer, Producer
+    from edged.backends.python.wire.shm import Consumer, Producer
 
 # A message bigger than a socket's send buffer cannot go as one packet; every message is small (large tensors
 # travel in shared memory), and the few free-text fields (log lines, error messages) are cut to fit.
