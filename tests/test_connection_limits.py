@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from server import Server, assert_grpc_still_serving, assert_still_serving, run_server
+from server import Server, assert_grpc_still_serving, assert_still_serving, request, run_server
 
 HEADER_TIMEOUT_S = 1.0
 BODY_WINDOW_S = 1.0
@@ -145,6 +145,11 @@ def test_connections_past_the_limit_are_refused_and_grpc_keeps_serving(limited: 
     assert_still_serving(client)
     client.close()
     assert "HTTP endpoint refused and closed: 1 over the connection limit (503)" in limited.log()
+    # Counted for Prometheus too, beside Triton's families.
+    metrics = request(limited.metrics_url, "GET", "/metrics").body.decode()
+    assert "# TYPE edged_http_refused_connections_total counter" in metrics
+    assert 'edged_http_refused_connections_total{endpoint="HTTP",reason="connection_limit"} 1.0' in metrics
+    assert "nv_inference_count" in metrics and "_created" not in metrics
 
 
 def test_half_open_grpc_connections_time_out_and_http_keeps_serving(limited: Server) -> None:

@@ -25,6 +25,8 @@ from edged.frontends.http import (
 from edged.frontends.metrics import MetricsCollector, SystemMetrics, create_metrics_app
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from edged.core.service import InferenceService
     from edged.settings import Settings
 
@@ -139,18 +141,22 @@ class UvicornEndpoint:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-def http_endpoint(settings: Settings, service: InferenceService, sock: socket.socket) -> UvicornEndpoint:
+def http_endpoint(
+    settings: Settings, service: InferenceService, sock: socket.socket, refused: Counter
+) -> UvicornEndpoint:
     options = HttpOptions(max_input_size=settings.http_max_input_size)
-    protocol = InferHttpProtocol.serving(service, options, connection_limits(settings))
+    protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused)
     config = _uvicorn_config(create_http_app(service, options), settings, protocol)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
 
 
-def metrics_endpoint(settings: Settings, collector: MetricsCollector, sock: socket.socket) -> UvicornEndpoint:
+def metrics_endpoint(
+    settings: Settings, collector: MetricsCollector, sock: socket.socket, refused: Counter
+) -> UvicornEndpoint:
     limits = dataclasses.replace(
         connection_limits(settings), max_connections=METRICS_MAX_CONNECTIONS, max_body_size=METRICS_MAX_BODY_SIZE
     )
-    protocol = LimitedHttpProtocol.limited(limits, "metrics")
+    protocol = LimitedHttpProtocol.limited(limits, "metrics", refused)
     return UvicornEndpoint(
         "the metrics endpoint", _uvicorn_config(create_metrics_app(collector), settings, protocol), sock
     )

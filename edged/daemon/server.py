@@ -46,11 +46,14 @@ from edged.daemon.parts import Part, Parts
 from edged.daemon.reload import read_settings, reload
 from edged.daemon.signals import Signals
 from edged.daemon.systemd import ServiceNotifier
-from edged.frontends.metrics import LatencyRecorder, MetricsCollector, ModelMetrics, SystemMetrics
+from edged.frontends.http import refusal_counter
+from edged.frontends.metrics import LatencyRecorder, MetricsCollector, ModelMetrics, SystemMetrics, edged_registry
 from edged.state.store import StateError, StateStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+
+    from prometheus_client import CollectorRegistry, Counter
 
     from edged.settings import Settings
 
@@ -70,6 +73,9 @@ class Core:
     manager: ModelRepositoryManager
     shared_memory: SharedMemoryManager
     service: InferenceService
+    # edged's own metrics (edged_*), beside Triton's on /metrics, and the counters the parts update.
+    registry: CollectorRegistry
+    refused: Counter
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -102,7 +108,8 @@ class Core:
         )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)
-        return cls(executor, backends, latencies, manager, shared_memory, service)
+        registry = edged_registry()
+        return cls(executor, backends, latencies, manager, shared_memory, service, registry, refusal_counter(registry))
 
     def status(self, endpoints: str) -> str:
         """``3/3 models ready; HTTP :8000, gRPC :8001, metrics :8002``: what ``systemctl status`` shows."""
@@ -322,7 +329,7 @@ def _parts(
     yield sockets
     yield models
     assert sockets.http is not None
-    http = http_endpoint(settings, core.service, sockets.http)
+    http = http_endpoint(settings, core.service, sockets.http, core.refused)
     endpoints.append(http)
     yield http
     if settings.allow_metrics:
@@ -332,9 +339,8 @@ def _parts(
         )
         yield SystemMetricsPart(system)
         families = ModelMetrics(core.manager, settings.metrics_config, core.latencies)
-        metrics = metrics_endpoint(
-            settings, MetricsCollector(families, system, core.backends.custom_metrics), sockets.metrics
-        )
+        collector = MetricsCollector(families, system, core.backends.custom_metrics, core.registry)
+        metrics = metrics_endpoint(settings, collector, sockets.metrics, core.refused)
         endpoints.append(metrics)
         yield metrics
     if settings.allow_grpc:

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from edged.frontends.http.infer import declared_too_large
@@ -42,12 +43,23 @@ LINGER_S = 2.0
 REFUSAL_LOG_INTERVAL_S = 10.0
 
 _Stage = Literal["request", "headers", "body"]
-# How the log's summary names each refusal.
+# How the log's summary names each refusal, and the ``reason`` label of its counter.
 _REFUSALS = {
-    503: "over the connection limit (503)",
-    408: "too slow to send a request (408)",
-    413: "declaring a body over the limit (413)",
+    503: ("over the connection limit (503)", "connection_limit"),
+    408: ("too slow to send a request (408)", "timeout"),
+    413: ("declaring a body over the limit (413)", "body_too_large"),
 }
+
+
+def refusal_counter(registry: CollectorRegistry) -> Counter:
+    """``edged_http_refused_connections_total{endpoint, reason}``, in ``registry`` (served on /metrics)."""
+    return Counter(
+        "edged_http_refused_connections",
+        "HTTP connections answered with a refusal and closed, by endpoint and reason (connection_limit, timeout, "
+        "body_too_large)",
+        ["endpoint", "reason"],
+        registry=registry,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +73,18 @@ class ConnectionLimits:
 
 
 class _Refusals:
-    """Counts refusals of one endpoint and logs each kind at most every REFUSAL_LOG_INTERVAL_S, with its count."""
+    """Counts refusals of one endpoint, and logs each kind at most every REFUSAL_LOG_INTERVAL_S with its count."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, counter: Counter | None) -> None:
         self.endpoint = endpoint
         self.counts: dict[str, int] = {}
         self.logged_at: dict[str, float] = {}
+        self._counter = counter
 
-    def add(self, why: str, client: Any) -> None:
+    def add(self, status: int, client: Any) -> None:
+        why, reason = _REFUSALS[status]
+        if self._counter is not None:
+            self._counter.labels(self.endpoint, reason).inc()
         self.counts[why] = self.counts.get(why, 0) + 1
         now = time.monotonic()
         if now - self.logged_at.get(why, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
@@ -85,9 +101,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     refusals: ClassVar[_Refusals]
 
     @classmethod
-    def limited(cls, limits: ConnectionLimits, endpoint: str, **extra: Any) -> type[LimitedHttpProtocol]:
-        """A subclass bound to ``limits`` (and to ``extra`` class attributes), one per endpoint."""
-        attributes = {"limits": limits, "refusals": _Refusals(endpoint), **extra}
+    def limited(
+        cls, limits: ConnectionLimits, endpoint: str, refused: Counter | None = None, **extra: Any
+    ) -> type[LimitedHttpProtocol]:
+        """A subclass bound to ``limits`` (and to ``extra`` class attributes), one per endpoint; ``refused``
+        counts its refusals (refusal_counter)."""
+        attributes = {"limits": limits, "refusals": _Refusals(endpoint, refused), **extra}
         return type(cls.__name__, (cls,), attributes)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -204,7 +223,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         stage = self._stage
         self._refused = True
         self._stage = self._deadline = None
-        self.refusals.add(_REFUSALS[status], self.client)
+        self.refusals.add(status, self.client)
         log.debug("HTTP %d to %s: %s", status, self.client, message)
         cycle = self.cycle
         idle = cycle is None or cycle.response_complete

@@ -35,6 +35,8 @@ from edged.frontends.http.infer import (
 from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from edged.core.service import InferenceService
 
 log = logging.getLogger("edged.frontends.http")
@@ -101,9 +103,9 @@ class InferHttpProtocol(LimitedHttpProtocol):
 
     @classmethod
     def serving(
-        cls, service: InferenceService, options: HttpOptions, limits: ConnectionLimits
+        cls, service: InferenceService, options: HttpOptions, limits: ConnectionLimits, refused: Counter | None = None
     ) -> type[LimitedHttpProtocol]:
-        return cls.limited(limits, "HTTP", service=service, options=options)
+        return cls.limited(limits, "HTTP", refused, service=service, options=options)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

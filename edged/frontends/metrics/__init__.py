@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import prometheus_client
+from prometheus_client import CollectorRegistry
+
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.frontends.metrics.exposition import CONTENT_TYPE, Family, render
 from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 __all__ = [
+    "edged_registry",
     "LatencyRecorder",
     "MetricsCollector",
     "MetricsConfig",
@@ -35,18 +39,36 @@ __all__ = [
 ]
 
 
+def edged_registry() -> CollectorRegistry:
+    """The registry of the metrics edged adds beyond Triton's (``edged_*``): Prometheus' own conventions and writer,
+    served after Triton's families on the same /metrics. (Triton's ``nv_*`` families stay hand-written:
+    prometheus-client's writer would append ``_total`` to every counter, and Triton's names have none.)"""
+    # Each counter would otherwise export a ``_created`` gauge per label set: noise for a scraper.
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    return CollectorRegistry()
+
+
 class MetricsCollector:
-    """Everything one scrape lists, in Triton's order: model families, system gauges, then models' own."""
+    """Everything one scrape lists: Triton's order (model families, system gauges, then models' own), then
+    edged's own (``registry``)."""
 
     def __init__(
         self,
         models: ModelMetrics | None = None,
         system: SystemMetrics | None = None,
         custom: Callable[[], list[CustomMetricFamily]] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._models = models
         self._system = system
         self._custom = custom
+        self._registry = registry
+
+    def render(self) -> bytes:
+        text = render(self.collect())
+        if self._registry is not None:
+            text += prometheus_client.generate_latest(self._registry)
+        return text
 
     def collect(self) -> list[Family]:
         families: list[Family] = []
@@ -84,7 +106,7 @@ def create_metrics_app(collector: MetricsCollector) -> Callable[[dict[str, Any],
         elif scope["method"] not in ("GET", "HEAD"):
             status, body = 405, b"Method Not Allowed\n"
         else:
-            status, body, content_type = 200, render(collector.collect()), CONTENT_TYPE
+            status, body, content_type = 200, collector.render(), CONTENT_TYPE
         headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
         if scope["method"] == "HEAD":
             body = b""
