@@ -343,6 +343,35 @@ def test_readiness_follows_the_composing_models(ensemble_server: Server) -> None
     assert client.infer("pipeline", _text(b"a")).as_numpy("LABEL")[0, 0] == b"total 194"
 
 
+def test_unload_dependents_unloads_the_ensembles_that_use_the_model(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    ready_before = _ready(client)
+    assert {"describe", "pipeline", "labeller", "add_sub"} <= ready_before
+    try:
+        client.unload_model("describe", unload_dependents=True)
+        ready = _ready(client)
+        # Both ensembles with a 'describe' step went, and whatever uses them; the other models stay.
+        assert not {"describe", "pipeline", "labeller"} & ready
+        assert {"add_sub", "tokenize", "branches"} <= ready
+        states = {entry["name"]: entry for entry in client.get_model_repository_index() if entry.get("version")}
+        assert states["pipeline"]["state"] == "UNAVAILABLE" and states["pipeline"]["reason"] == "unloaded"
+        # Without it, an ensemble stays loaded (not ready while its model is gone).
+        client.load_model("describe")
+        client.load_model("pipeline")
+        client.unload_model("describe")
+        assert "pipeline" in _ready(client) and not client.is_model_ready("pipeline")
+    finally:
+        for name in ("describe", *sorted(ready_before - _ready(client) - {"describe"})):
+            client.load_model(name)
+    assert _ready(client) == ready_before
+    assert client.infer("pipeline", _text(b"a")).as_numpy("LABEL")[0, 0] == b"total 194"
+
+
+def _ready(client: httpclient.InferenceServerClient) -> set[str]:
+    """The models with a READY version in the index (an ensemble may be READY but not ready to serve)."""
+    return {entry["name"] for entry in client.get_model_repository_index() if entry.get("state") == "READY"}
+
+
 def test_an_ensemble_loads_once_its_models_do(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()

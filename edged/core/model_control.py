@@ -195,9 +195,9 @@ class ModelController:
     async def unload(self, name: str, *, origin: Origin = Origin.API, unload_dependents: bool = False) -> None:
         """Unload every version of a model; answers once they are unloaded, or after the unload timeout while
         requests still finish (they are never interrupted). An unknown model is not an error, as in Triton; a name
-        that can never be a model's is (INVALID_ARG). ``unload_dependents`` is not acted on: the ensembles a model
-        belongs to stay loaded (and unavailable while it is)."""
-        del unload_dependents
+        that can never be a model's is (INVALID_ARG). With ``unload_dependents``, as Triton: the ensembles that use the
+        model (directly or through other ensembles) are unloaded too; without it they stay loaded, unavailable
+        while the model is."""
         if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
         problem = model_name_problem(name)
@@ -225,7 +225,24 @@ class ModelController:
                     name,
                     self._options.unload_timeout_s,
                 )
+        if unload_dependents:
+            for dependent in self._dependents(name):
+                log.info("unloading ensemble '%s', which uses model '%s'", dependent, name)
+                await self.unload(dependent, origin=origin, unload_dependents=True)
         await self._history_written()
+
+    def _dependents(self, name: str) -> list[str]:
+        """The loaded ensembles with a step that names model ``name``."""
+        dependents = []
+        for other in self._manager.names():
+            entry = self._manager.entry(other)
+            if entry is None or entry.config is None or entry.config.platform != "ensemble":
+                continue
+            if not any(v.state is ModelState.READY for v in entry.versions.values()):
+                continue
+            if any(step.model_name == name for step in entry.config.ensemble_scheduling.step):
+                dependents.append(other)
+        return sorted(dependents)
 
     async def history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         if self._store is None:
