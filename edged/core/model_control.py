@@ -329,19 +329,12 @@ class ModelController:
                     log.debug("ensemble '%s' still does not load: %s", name, exc.message)
 
     async def _load_locked(self, name: str, origin: Origin, private: Path | None) -> None:
+        """Read the config, plan what happens to each version (plan_versions), carry the plan out, then install
+        the outcome (``_install``). Raises INVALID_ARG naming the first version that failed."""
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        scan = await self._scan()
-        if name in scan.duplicates:
-            reason = f"model '{name}' exists in more than one model repository"
-            self._manager.put_entry(ModelEntry(scan.models[name], ModelState.UNAVAILABLE, reason))
-            self._transition(name, None, ModelState.UNAVAILABLE.value, origin, reason)
-            raise EdgedError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
-        source = ModelSource(name, private, private.parent) if private is not None else scan.models.get(name)
-        if source is None:
-            raise EdgedError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+        source = await self._source(name, origin, private)
         old = self._manager.entry(name)
-        old_versions = dict(old.versions) if old is not None else {}
         folder = await loop.run_in_executor(self._load_pool, fingerprint, source.path)
         self._transition(name, None, ModelState.LOADING.value, origin)
         try:
@@ -350,93 +343,21 @@ class ModelController:
             error = exc.error if isinstance(exc, VersionsUnavailable) else exc
             self._config_failed(name, source, folder, old, exc, origin, time.monotonic() - started)
             raise EdgedError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': {error.message}") from None
-        same_files = (
-            old is not None and old.source.path == source.path and old.folder is not None and folder is not None
-        )
-        reusable = {
-            number
-            for number in numbers
-            if same_files
-            and (current := old_versions.get(number)) is not None
-            and current.state is ModelState.READY
-            and current.config == config
-            and old.folder.model == folder.model  # type: ignore[union-attr]
-            and old.folder.versions.get(number) == folder.versions.get(number)  # type: ignore[union-attr]
-        }
-        resizable = {
-            number
-            for number in numbers
-            if number not in reusable
-            and same_files
-            and (current := old_versions.get(number)) is not None
-            and current.state is ModelState.READY
-            and current.config is not None
-            and hasattr(current.backend_model, "resize")
-            and _without_counts(current.config) == _without_counts(config)
-            and _without_config(old.folder.model) == _without_config(folder.model)  # type: ignore[union-attr]
-            and old.folder.versions.get(number) == folder.versions.get(number)  # type: ignore[union-attr]
-        }
-        for number in sorted(resizable):
-            if not await self._resize(old_versions[number], source, config, origin):
-                resizable.discard(number)
-        reusable |= resizable
-        to_load = [number for number in numbers if number not in reusable]
+        plan = plan_versions(old, source, folder, config, numbers)
+        old_versions = dict(old.versions) if old is not None else {}
+        kept = set(plan.keep)
+        for number in sorted(plan.resize):
+            if await self._resize(old_versions[number], source, config, origin):
+                kept.add(number)
+        to_load = [number for number in numbers if number not in kept]
         for number in to_load:
             self._transition(name, number, ModelState.LOADING.value, origin)
         loaded: list[tuple[ModelVersion, float, tuple[str, int]]] = await asyncio.gather(
             *(loop.run_in_executor(self._load_pool, self._load_version, source, config, n) for n in to_load)
         )
         entry = ModelEntry(source, config=config, folder=folder)
-        entry.versions = {number: old_versions[number] for number in sorted(reusable)}
-        retire: list[ModelVersion] = []
-        failures: list[ModelVersion] = []
-        for version, seconds, (digest, size) in loaded:
-            current = old_versions.get(version.version)
-            serving = current is not None and current.state is ModelState.READY
-            if version.state is ModelState.READY:
-                self._manager.activate(version)
-                entry.versions[version.version] = version
-                if serving:
-                    assert current is not None
-                    retire.append(current)
-                self._transition(name, version.version, ModelState.READY.value, origin, duration_s=seconds)
-                if self._store is not None:
-                    self._record(
-                        self._store.model_seen,
-                        name,
-                        str(source.path / str(version.version)),
-                        version.version,
-                        digest,
-                        size,
-                    )
-            else:
-                failures.append(version)
-                if serving:
-                    assert current is not None
-                    entry.versions[version.version] = current  # it keeps serving
-                    reason = f"{version.reason} (version {version.version} loaded before keeps serving)"
-                else:
-                    entry.versions[version.version] = version
-                    reason = version.reason
-                self._transition(
-                    name, version.version, ModelState.UNAVAILABLE.value, origin, reason, duration_s=seconds
-                )
-        # Versions the config no longer selects go once a selected one serves; until then they keep serving.
-        replaced = any(entry.versions[n].state is ModelState.READY for n in numbers if n in entry.versions)
-        for number, current in old_versions.items():
-            if number in numbers:
-                continue
-            entry.versions[number] = current  # shown as UNLOADING, then "unloaded", as Triton lists them
-            if current.state is ModelState.READY and replaced:
-                retire.append(current)
-        entry.state = (
-            ModelState.READY
-            if any(v.state is ModelState.READY for v in entry.versions.values())
-            else ModelState.UNAVAILABLE
-        )
-        self._manager.put_entry(entry)
-        for version in retire:
-            self._retire(version, origin)
+        entry.versions = {number: old_versions[number] for number in sorted(kept)}
+        failures = self._install(entry, old_versions, numbers, loaded, origin)
         log.info(
             "model '%s' loaded in %.2fs: %s",
             name,
@@ -449,6 +370,68 @@ class ModelController:
                 ErrorCode.INVALID_ARG,
                 f"load failed for model '{name}': version {first.version} is at UNAVAILABLE state: {first.reason};\n",
             )
+
+    async def _source(self, name: str, origin: Origin, private: Path | None) -> ModelSource:
+        """Where the model loads from: its private copy, or its folder in the one repository that has it."""
+        scan = await self._scan()
+        if name in scan.duplicates:
+            reason = f"model '{name}' exists in more than one model repository"
+            self._manager.put_entry(ModelEntry(scan.models[name], ModelState.UNAVAILABLE, reason))
+            self._transition(name, None, ModelState.UNAVAILABLE.value, origin, reason)
+            raise EdgedError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
+        source = ModelSource(name, private, private.parent) if private is not None else scan.models.get(name)
+        if source is None:
+            raise EdgedError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model repository")
+        return source
+
+    def _install(
+        self,
+        entry: ModelEntry,
+        old_versions: dict[int, ModelVersion],
+        numbers: list[int],
+        loaded: list[tuple[ModelVersion, float, tuple[str, int]]],
+        origin: Origin,
+    ) -> list[ModelVersion]:
+        """Make ``entry`` (holding the versions kept) the model's: each version that loaded serves from now on and
+        the one it replaces retires; one that failed leaves the one serving in place; versions the config no longer
+        selects retire once a selected one serves. Returns the versions that failed."""
+        name, source = entry.source.name, entry.source
+        retire: list[ModelVersion] = []
+        failures: list[ModelVersion] = []
+        for version, seconds, (digest, size) in loaded:
+            current = old_versions.get(version.version)
+            serving = current if current is not None and current.state is ModelState.READY else None
+            if version.state is ModelState.READY:
+                self._manager.activate(version)
+                entry.versions[version.version] = version
+                if serving is not None:
+                    retire.append(serving)
+                self._transition(name, version.version, ModelState.READY.value, origin, duration_s=seconds)
+                if self._store is not None:
+                    path = str(source.path / str(version.version))
+                    self._record(self._store.model_seen, name, path, version.version, digest, size)
+                continue
+            failures.append(version)
+            if serving is not None:
+                entry.versions[version.version] = serving  # it keeps serving
+                reason = f"{version.reason} (version {version.version} loaded before keeps serving)"
+            else:
+                entry.versions[version.version] = version
+                reason = version.reason
+            self._transition(name, version.version, ModelState.UNAVAILABLE.value, origin, reason, duration_s=seconds)
+        replaced = any(entry.versions[n].state is ModelState.READY for n in numbers if n in entry.versions)
+        for number, current in old_versions.items():
+            if number in numbers:
+                continue
+            entry.versions[number] = current  # shown as UNLOADING, then "unloaded", as Triton lists them
+            if current.state is ModelState.READY and replaced:
+                retire.append(current)
+        serves = any(v.state is ModelState.READY for v in entry.versions.values())
+        entry.state = ModelState.READY if serves else ModelState.UNAVAILABLE
+        self._manager.put_entry(entry)
+        for version in retire:
+            self._retire(version, origin)
+        return failures
 
     async def _resize(self, version: ModelVersion, source: ModelSource, config: ModelConfig, origin: Origin) -> bool:
         """Only instance counts changed: add and remove instances of the serving version in place (no reload, its
@@ -636,6 +619,45 @@ class ModelController:
 
     async def _db(self, call: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db_pool, call)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPlan:
+    """What a load does with each version its config selects: ``keep`` the version serving as it is (same config,
+    same files), ``resize`` it in place (only instance counts changed), or ``load`` a new one beside it."""
+
+    keep: frozenset[int]
+    resize: frozenset[int]
+    load: tuple[int, ...]
+
+
+def plan_versions(
+    old: ModelEntry | None, source: ModelSource, folder: FolderPrint | None, config: ModelConfig, numbers: list[int]
+) -> VersionPlan:
+    """The plan for loading ``numbers`` of a model from ``source`` (``folder`` its fingerprint, ``config`` its new
+    config) over ``old``, what the manager has of it now. Pure: it reads, loads and changes nothing."""
+    keep: set[int] = set()
+    resize: set[int] = set()
+    same_files = old is not None and old.source.path == source.path and old.folder is not None and folder is not None
+    if same_files:
+        assert old is not None and old.folder is not None and folder is not None
+        for number in numbers:
+            current = old.versions.get(number)
+            if current is None or current.state is not ModelState.READY:
+                continue
+            if old.folder.versions.get(number) != folder.versions.get(number):
+                continue  # the version's own files changed
+            if current.config == config and old.folder.model == folder.model:
+                keep.add(number)
+            elif (
+                current.config is not None
+                and hasattr(current.backend_model, "resize")
+                and _without_counts(current.config) == _without_counts(config)
+                and _without_config(old.folder.model) == _without_config(folder.model)
+            ):
+                resize.add(number)
+    load = tuple(number for number in numbers if number not in keep and number not in resize)
+    return VersionPlan(frozenset(keep), frozenset(resize), load)
 
 
 def _is_ensemble(model_dir: Path) -> bool:
