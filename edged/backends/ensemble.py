@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from edged.core.backend_api import LoadContext, ServerApi
     from edged.core.stats import ExecutionTiming
-    from edged.proto.model_config_pb2 import ModelConfig, ModelEnsembling
+    from edged.proto.model_config_pb2 import ModelConfig
 
 # Requests an ensemble runs at once when its config does not bound them (max_inflight_requests).
 DEFAULT_IN_FLIGHT = 256
@@ -116,45 +116,58 @@ def _consistent(name: str, ensemble: str, known: _Tensor, new: _Tensor) -> None:
 
 def check_ensemble(config: ModelConfig, server: ServerApi) -> list[_Step]:
     """Triton's checks of an ensemble against its composing models; the steps, ready to run."""
-    name = config.name
-    scheduling: ModelEnsembling = config.ensemble_scheduling
-    if not scheduling.step:
-        raise EdgedError(ErrorCode.INVALID_ARG, f"must specify one or more 'step's for ensemble {name}")
-    batching = config.max_batch_size > 0
-    tensors: dict[str, _Tensor] = {}
-    for tensor in config.input:
-        dims, full = _dims(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims, batching)
-        tensors[tensor.name] = _Tensor(tensor.data_type, dims, full, name)
-    produced: set[str] = set(tensors)
-    outputs: dict[str, _Tensor] = {}
-    for tensor in config.output:
-        dims, full = _dims(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims, batching)
-        outputs[tensor.name] = _Tensor(tensor.data_type, dims, full, name)
-    steps: list[_Step] = []
-    producers: dict[str, int] = {}
-    for index, step in enumerate(scheduling.step):
-        if not step.model_name:
-            raise EdgedError(ErrorCode.INVALID_ARG, f"must specify 'model_name' in step {index} of ensemble {name}")
-        if not step.input_map:
-            raise EdgedError(ErrorCode.INVALID_ARG, f"must specify 'input_map' in step {index} of ensemble {name}")
-        if not step.output_map:
-            raise EdgedError(ErrorCode.INVALID_ARG, f"must specify 'output_map' in step {index} of ensemble {name}")
+    if not config.ensemble_scheduling.step:
+        raise EdgedError(ErrorCode.INVALID_ARG, f"must specify one or more 'step's for ensemble {config.name}")
+    check = _EnsembleCheck(config)
+    steps = [check.step(index, step, server) for index, step in enumerate(config.ensemble_scheduling.step)]
+    check.data_flow(steps)
+    return steps
+
+
+class _EnsembleCheck:
+    """The tensors of one ensemble as its steps are checked in turn: every tensor's type and shape as first seen
+    (consistent wherever else it appears), and which step produces each."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self.name = config.name
+        batching = config.max_batch_size > 0
+        self.tensors: dict[str, _Tensor] = {}
+        for tensor in config.input:
+            dims, full = _dims(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims, batching)
+            self.tensors[tensor.name] = _Tensor(tensor.data_type, dims, full, self.name)
+        self.outputs: dict[str, _Tensor] = {}
+        for tensor in config.output:
+            dims, full = _dims(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims, batching)
+            self.outputs[tensor.name] = _Tensor(tensor.data_type, dims, full, self.name)
+        self.producers: dict[str, int] = {}
+
+    def step(self, index: int, step: Any, server: ServerApi) -> _Step:
+        name = self.name
+        for member in ("model_name", "input_map", "output_map"):
+            if not getattr(step, member):
+                raise EdgedError(ErrorCode.INVALID_ARG, f"must specify '{member}' in step {index} of ensemble {name}")
         model = step.model_name
         try:
-            member = server.model_config(model, int(step.model_version))
+            member_config = server.model_config(model, int(step.model_version))
         except EdgedError as exc:
             raise EdgedError(
                 ErrorCode.UNAVAILABLE,
                 f"ensemble {name} depends on model {model}, which is not available: {exc.message}",
             ) from None
-        decoupled = bool(member.model_transaction_policy.decoupled)
-        if member.max_batch_size != 0 and member.max_batch_size < config.max_batch_size:
+        if member_config.max_batch_size != 0 and member_config.max_batch_size < self.config.max_batch_size:
             raise EdgedError(
                 ErrorCode.INVALID_ARG,
-                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model {model} "
-                f"which only allows maximum batch size to be {member.max_batch_size}",
+                f"ensemble {name} allows maximum batch size {self.config.max_batch_size}, but it contains model "
+                f"{model} which only allows maximum batch size to be {member_config.max_batch_size}",
             )
-        member_batching = member.max_batch_size > 0
+        self._inputs(step, member_config)
+        self._outputs(index, step, member_config)
+        decoupled = bool(member_config.model_transaction_policy.decoupled)
+        return _Step(index, model, int(step.model_version), dict(step.input_map), dict(step.output_map), decoupled)
+
+    def _inputs(self, step: Any, member: ModelConfig) -> None:
+        name, model = self.name, step.model_name
         inputs = {i.name: i for i in member.input}
         for key, value in step.input_map.items():
             if key not in inputs:
@@ -171,13 +184,11 @@ def check_ensemble(config: ModelConfig, server: ServerApi) -> list[_Step]:
                     ErrorCode.INVALID_ARG,
                     f"in ensemble {name}, input {input_name} in model {model} is not mapped to any ensemble tensors",
                 )
-            ensemble_tensor = step.input_map[input_name]
-            dims, full = _dims(tensor.dims, member_batching)
-            found = _Tensor(tensor.data_type, dims, full, model)
-            if ensemble_tensor in tensors:
-                _consistent(ensemble_tensor, name, tensors[ensemble_tensor], found)
-            else:
-                tensors[ensemble_tensor] = found
+            dims, full = _dims(tensor.dims, member.max_batch_size > 0)
+            self._seen(step.input_map[input_name], _Tensor(tensor.data_type, dims, full, model))
+
+    def _outputs(self, index: int, step: Any, member: ModelConfig) -> None:
+        name, model = self.name, step.model_name
         member_outputs = {o.name: o for o in member.output}
         for key, value in step.output_map.items():
             if key not in member_outputs:
@@ -186,45 +197,48 @@ def check_ensemble(config: ModelConfig, server: ServerApi) -> list[_Step]:
                     f"in ensemble {name}, ensemble tensor {value} is mapped from non-existing output {key} in model "
                     f"{model}",
                 )
-            if value in producers or value in {t.name for t in config.input}:
+            if value in self.producers or value in {t.name for t in self.config.input}:
                 raise EdgedError(
                     ErrorCode.INVALID_ARG,
                     f"ensemble tensor {value} can appear in an output map only once for ensemble {name} step {index}",
                 )
-            producers[value] = index
+            self.producers[value] = index
             tensor = member_outputs[key]
-            dims, full = _dims(tensor.dims, member_batching)
+            dims, full = _dims(tensor.dims, member.max_batch_size > 0)
             found = _Tensor(tensor.data_type, dims, full, model)
-            if value in tensors:
-                _consistent(value, name, tensors[value], found)
-            else:
-                tensors[value] = found
-            if value in outputs:
-                _consistent(value, name, outputs[value], found)
-        steps.append(
-            _Step(index, model, int(step.model_version), dict(step.input_map), dict(step.output_map), decoupled)
-        )
-    # Data flow: every step must be reachable from the ensemble's inputs, and every output produced.
-    remaining = list(steps)
-    while remaining:
-        runnable = [s for s in remaining if all(t in produced for t in s.inputs.values())]
-        if not runnable:
-            waiting = remaining[0]
-            missing = sorted(t for t in waiting.inputs.values() if t not in produced)
-            raise EdgedError(
-                ErrorCode.INVALID_ARG,
-                f"in ensemble {name}, step {waiting.index} (model {waiting.model}) reads ensemble tensor "
-                f"{missing[0]}, which no step before it produces (a missing producer or a cycle)",
-            )
-        for step in runnable:
-            remaining.remove(step)
-            produced.update(step.outputs.values())
-    for output in config.output:
-        if output.name not in producers:
-            raise EdgedError(
-                ErrorCode.INVALID_ARG, f"ensemble output {output.name} is not produced by any step of ensemble {name}"
-            )
-    return steps
+            self._seen(value, found)
+            if value in self.outputs:
+                _consistent(value, name, self.outputs[value], found)
+
+    def _seen(self, ensemble_tensor: str, found: _Tensor) -> None:
+        if ensemble_tensor in self.tensors:
+            _consistent(ensemble_tensor, self.name, self.tensors[ensemble_tensor], found)
+        else:
+            self.tensors[ensemble_tensor] = found
+
+    def data_flow(self, steps: list[_Step]) -> None:
+        """Every step must be reachable from the ensemble's inputs, and every output produced."""
+        produced = {t.name for t in self.config.input}
+        remaining = list(steps)
+        while remaining:
+            runnable = [s for s in remaining if all(t in produced for t in s.inputs.values())]
+            if not runnable:
+                waiting = remaining[0]
+                missing = sorted(t for t in waiting.inputs.values() if t not in produced)
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"in ensemble {self.name}, step {waiting.index} (model {waiting.model}) reads ensemble tensor "
+                    f"{missing[0]}, which no step before it produces (a missing producer or a cycle)",
+                )
+            for step in runnable:
+                remaining.remove(step)
+                produced.update(step.outputs.values())
+        for output in self.config.output:
+            if output.name not in self.producers:
+                raise EdgedError(
+                    ErrorCode.INVALID_ARG,
+                    f"ensemble output {output.name} is not produced by any step of ensemble {self.name}",
+                )
 
 
 class EnsembleModel:
