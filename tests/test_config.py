@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from server import REPO_ROOT, TRACEBACK_MARKER, free_ports, request
 import edged.config
 from edged.config import ConfigError, load, resolve, template
 from edged.options import BY_KEY, OPTIONS
-from edged.settings import Settings
+from edged.settings import DERIVED, Settings
 from edged.state.directory import default_state_dir
 
 TIMEOUT_S = 120
@@ -52,8 +53,10 @@ def test_defaults_match_the_settings_dataclass(tmp_path: Path) -> None:
     [repo] = _repos(tmp_path, "repo")
     environ = {"HOME": str(tmp_path)}
     settings = resolve(["--model-repository", str(repo)], environ)
-    bare = Settings(model_repositories=[repo.resolve()], state_dir=default_state_dir(environ))
+    bare = Settings.defaults([repo], environ)
     assert settings == bare
+    assert settings.state_dir == default_state_dir(environ)
+    assert settings.http_port == 8000 and settings.grpc_max_connections == 1024
     assert settings.exit_timeout_secs == 30.0
     assert settings.config_file is None
 
@@ -195,6 +198,12 @@ def test_resolve_raises_instead_of_exiting(tmp_path: Path) -> None:
     assert bad.value.status == 1
     with pytest.raises(ConfigError, match="unrecognized arguments: --no-such-flag"):
         resolve(["--model-repository", str(tmp_path), "--no-such-flag"], {})
+
+
+def test_the_settings_fields_are_the_options() -> None:
+    """One field per option, of the same name, unless the option is derived into another (settings.DERIVED)."""
+    fields = {item.name for item in dataclasses.fields(Settings)} - {"config_file", "default_max_batch_size"}
+    assert fields == {DERIVED.get(option.key, option.key) for option in OPTIONS}
 
 
 def test_every_option_reaches_the_settings(tmp_path: Path) -> None:
