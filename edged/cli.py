@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         import logging
 
         from edged.backends import BackendRegistry
-        from edged.core.repository_manager import check_repositories
+        from edged.core.repository.manager import check_repositories
 
         # The problems are the output; the loaders' own log lines would only repeat them.
         logging.disable(logging.CRITICAL)

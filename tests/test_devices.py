@@ -29,12 +29,12 @@ from server import REPO_ROOT, Server, run_server
 from edged.backends import BackendRegistry
 from edged.backends.onnxruntime import OnnxRuntimeInstance
 from edged.core import devices
-from edged.core.config_defaults import normalize_model_config
-from edged.core.config_validation import validate_instance_groups
+from edged.core.config.defaults import normalize_model_config
+from edged.core.config.model_config import parse_model_config
+from edged.core.config.validation import validate_instance_groups
 from edged.core.devices import Device, DeviceInventory, instance_placements
-from edged.core.inference import InferInput, InferRequest, InferResponse
-from edged.core.model_config import parse_model_config
-from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager
+from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager
+from edged.core.request.inference import InferInput, InferRequest, InferResponse
 from edged.errors import EdgedError
 
 MEET_TIMEOUT_S = 30  # only ever reached when instances fail to run together, which fails the test

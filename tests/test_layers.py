@@ -32,6 +32,12 @@ FORBIDDEN: Final = {
     "edged.frontends.grpc": ("edged.frontends.http", "edged.frontends.metrics"),
     "edged.frontends.metrics": ("edged.frontends.http", "edged.frontends.grpc"),
     "edged.state": ("edged.core", "edged.backends", "edged.frontends", "edged.daemon"),
+    # Inside the core, from the bottom up: a request knows no repository or scheduler, a config no repository or
+    # scheduler, the schedulers no repository; the service sits on top.
+    "edged.core.request": ("edged.core.repository", "edged.core.scheduling", "edged.core.service"),
+    "edged.core.config": ("edged.core.repository", "edged.core.scheduling", "edged.core.service"),
+    "edged.core.scheduling": ("edged.core.repository", "edged.core.service"),
+    "edged.core.repository": ("edged.core.service",),
     "edged.errors": ("edged.",),
     # The Python backend's process boundary: the stub runs model.py in its own process, possibly under another
     # interpreter without edged installed, so it may import only itself and the wire format both sides speak.
@@ -112,4 +118,6 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     ]
     assert _violations("edged.daemon", imported) == []
     assert _violations("edged.backends.python.stub.main", {"edged.backends.python.wire.ipc"}) == []
-    assert _violations("edged.backends.python.stub.main", {"edged.core.tensors"}) == ["edged.core.tensors"]
+    assert _violations("edged.backends.python.stub.main", {"edged.core.request.tensors"}) == [
+        "edged.core.request.tensors"
+    ]

@@ -9,18 +9,18 @@ import pytest
 import tritonclient.grpc.model_config_pb2 as triton_model_config
 from google.protobuf import json_format
 
-from edged.core.datatypes import (
+from edged.core.config.model_config import (
+    model_config_from_json,
+    model_config_to_dict,
+    model_config_to_json,
+    parse_model_config,
+)
+from edged.core.request.datatypes import (
     CONFIG_BY_WIRE_NAME,
     ELEMENT_SIZE_BY_WIRE_NAME,
     NUMPY_DTYPE_BY_WIRE_NAME,
     WIRE_NAME_BY_CONFIG,
     wire_name_for_numpy,
-)
-from edged.core.model_config import (
-    model_config_from_json,
-    model_config_to_dict,
-    model_config_to_json,
-    parse_model_config,
 )
 from edged.errors import EdgedError, ErrorCode
 from edged.proto import model_config_pb2

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from edged.core.confined import PathOutsideRoot, inside, remove_tree
 from edged.core.names import MAX_NAME_BYTES, model_name_problem
-from edged.core.private_models import PrivateCopies
+from edged.core.repository.private_copies import PrivateCopies
 
 POLL_FAILURE: Final = "failed to poll from model repository"
 # A control character in a folder name: such a folder is not served (and says so), the others are.

@@ -17,7 +17,7 @@ import tritonclient.utils.shared_memory as shm
 from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, assert_still_serving, post_json, request, run_server
 from tritonclient.utils import InferenceServerException
 
-from edged.core.inference import InferInput, InferRequest
+from edged.core.request.inference import InferInput, InferRequest
 from edged.core.shared_memory import SharedMemoryManager
 from edged.errors import EdgedError
 

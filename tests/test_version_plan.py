@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edged.core.model_control import VersionPlan, plan_versions
-from edged.core.model_files import FolderPrint
-from edged.core.repository import ModelSource
-from edged.core.repository_manager import ModelEntry, ModelState, ModelVersion
+from edged.core.repository.control import VersionPlan, plan_versions
+from edged.core.repository.files import FolderPrint
+from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion
+from edged.core.repository.scan import ModelSource
 from edged.proto.model_config_pb2 import ModelConfig
 
 SOURCE = ModelSource("m", Path("/repo/m"), Path("/repo"))

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edged.core.inference import (
+from edged.core.request.inference import (
     InferInput,
     InferOutput,
     InferRequest,

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
-from edged.core.datatypes import CONFIG_BY_WIRE_NAME, WIRE_NAME_BY_CONFIG
 from edged.core.devices import InstancePlacement, instance_placements
-from edged.core.inference import InferOutput, InferResponse
+from edged.core.request.datatypes import CONFIG_BY_WIRE_NAME, WIRE_NAME_BY_CONFIG
+from edged.core.request.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from edged.core.backend_api import LoadContext, ServerApi
-    from edged.core.inference import InferRequest
+    from edged.core.request.inference import InferRequest
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig, ModelInstanceGroup
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
     from pathlib import Path
 
-    from edged.core.inference import InferRequest, InferResponse, StreamResponse
+    from edged.core.request.inference import InferRequest, InferResponse, StreamResponse
     from edged.core.stats import ExecutionTiming
     from edged.errors import EdgedError
     from edged.proto.model_config_pb2 import ModelConfig

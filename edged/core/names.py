@@ -8,7 +8,7 @@ folder of a Triton repository keeps its name.
 
 Every entry point that takes a model name from outside (HTTP, gRPC, and the model control they reach) calls
 ``check_model_name`` before anything touches the disk; the file operations check again where they happen
-(edged.core.private_models), so a later caller cannot bring the hole back.
+(edged.core.repository.private_copies), so a later caller cannot bring the hole back.
 """
 
 from __future__ import annotations

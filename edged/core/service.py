@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edged import __version__
-from edged.core.classification import classify
-from edged.core.inference import (
+from edged.core.names import model_name_problem, printable
+from edged.core.request.classification import classify
+from edged.core.request.inference import (
     InferInput,
     InferOutput,
     InferRequest,
@@ -21,18 +22,17 @@ from edged.core.inference import (
     ResponseStream,
     StreamResponse,
 )
-from edged.core.names import model_name_problem, printable
+from edged.core.request.tensors import array_to_binary
+from edged.core.request.validation import raw_binary_input, validate_request
 from edged.core.shared_memory import SharedMemoryManager
-from edged.core.tensors import array_to_binary
-from edged.core.validation import raw_binary_input, validate_request
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from edged.core.model_control import ModelController
-    from edged.core.repository_manager import IndexEntry, ModelRepositoryManager, ModelVersion
-    from edged.core.scheduler import Scheduler
+    from edged.core.repository.control import ModelController
+    from edged.core.repository.manager import IndexEntry, ModelRepositoryManager, ModelVersion
+    from edged.core.scheduling.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig
     from edged.state.store import HistoryEvent

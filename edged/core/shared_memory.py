@@ -29,7 +29,7 @@ import numpy as np
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from edged.core.inference import InferOutput, InferRequest
+    from edged.core.request.inference import InferOutput, InferRequest
 
 SHM_DIRECTORY = "/dev/shm"
 # Keys edged creates for itself (the Python backend's tensors): a client can never register them.

@@ -9,12 +9,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from edged import config
-from edged.core.model_control import ControlMode
+from edged.core.repository.control import ControlMode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from edged.core.model_control import ModelController
+    from edged.core.repository.control import ModelController
     from edged.daemon.systemd import ServiceNotifier
     from edged.settings import Settings
 

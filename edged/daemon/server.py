@@ -1,7 +1,7 @@
 """The daemon's life cycle: build the parts, start them in order, serve, stop them in reverse.
 
 One process, one event loop: the HTTP, gRPC and metrics servers share it; model executions that are too long
-for the loop go to the worker pool (see edged.core.scheduler). The parts, in the order they start:
+for the loop go to the worker pool (see edged.core.scheduling.scheduler). The parts, in the order they start:
 
 1. ``core``: the worker pool, the shared-memory regions (the service itself is built with the daemon);
 2. ``state``: the state database;
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from edged import __version__
 from edged.backends import BackendRegistry
 from edged.core.devices import DeviceInventory
-from edged.core.model_control import ControlMode, ControlOptions, ModelController
-from edged.core.repository_manager import ManagerOptions, ModelRepositoryManager, ModelState
+from edged.core.repository.control import ControlMode, ControlOptions, ModelController
+from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.daemon.endpoints import (

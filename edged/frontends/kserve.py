@@ -16,7 +16,7 @@ from edged import logs
 from edged.errors import EdgedError, unsupported
 
 if TYPE_CHECKING:
-    from edged.core.repository_manager import IndexEntry
+    from edged.core.repository.manager import IndexEntry
     from edged.core.service import ModelMetadata
     from edged.core.stats import BatchStatistics, Duration, ModelStatistics
 

@@ -31,8 +31,8 @@ from edged.backends.python.model_state import ModelState
 from edged.backends.python.process import StubGone, StubProcess, stub_environment
 from edged.backends.python.wire import shm
 from edged.core.backend_api import CustomMetric, CustomMetricFamily
+from edged.core.config.model_config import model_config_from_json, model_config_to_json
 from edged.core.devices import InstancePlacement, instance_placements
-from edged.core.model_config import model_config_from_json, model_config_to_json
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from edged.backends.python.instance import PythonInstance, Queued, Results
-    from edged.core.inference import InferRequest, InferResponse
+    from edged.core.request.inference import InferRequest, InferResponse
     from edged.core.stats import ExecutionTiming
 
 SLOTS_PER_INSTANCE = 8

@@ -22,7 +22,7 @@ from edged.backends.python.messages import read_response, request_spec
 from edged.backends.python.process import StubGone, StubProcess
 from edged.backends.python.server_calls import ServerCalls
 from edged.backends.python.wire import ipc, shm
-from edged.core.inference import InferRequest, InferResponse, StreamResponse
+from edged.core.request.inference import InferRequest, InferResponse, StreamResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:

@@ -8,13 +8,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from edged.backends.python.wire import ipc
-from edged.core.inference import InferOutput, InferResponse
+from edged.core.request.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from edged.backends.python.model_state import ModelState
     from edged.backends.python.wire import shm
-    from edged.core.inference import InferRequest
+    from edged.core.request.inference import InferRequest
 
 log = logging.getLogger("edged.backends.python")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edged.core.datatypes import WIRE_NAME_BY_CONFIG
+from edged.core.request.datatypes import WIRE_NAME_BY_CONFIG
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from edged.backends.python.wire import ipc, shm
-from edged.core.inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from edged.core.request.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:

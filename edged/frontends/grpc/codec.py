@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from edged.core.inference import InferInput, InferRequest, ParameterValue, RequestedOutput
-from edged.core.tensors import array_to_binary, serialize_bytes_tensor
+from edged.core.request.inference import InferInput, InferRequest, ParameterValue, RequestedOutput
+from edged.core.request.tensors import array_to_binary, serialize_bytes_tensor
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 from edged.proto import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
-    from edged.core.inference import InferResponse
+    from edged.core.request.inference import InferResponse
 
 # Request parameters that Triton reserves under the ``triton_`` prefix and a client may send.
 ENABLE_EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from edged.core.inference import InferInput, InferRequest, InferResponse, ParameterValue, RequestedOutput
-from edged.core.tensors import array_from_json, array_to_binary, array_to_json
+from edged.core.request.inference import InferInput, InferRequest, InferResponse, ParameterValue, RequestedOutput
+from edged.core.request.tensors import array_from_json, array_to_binary, array_to_json
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 _decoder = msgspec.json.Decoder()

@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from edged.core.inference import InferRequest
+from edged.core.request.inference import InferRequest
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.http.codec import (
     decode_infer_request,
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
     from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
-    from edged.core.inference import InferResponse
-    from edged.core.repository_manager import ModelVersion
+    from edged.core.repository.manager import ModelVersion
+    from edged.core.request.inference import InferResponse
     from edged.core.service import InferenceService
 
 log = logging.getLogger("edged.frontends.http")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, MediaType, Request, Response, get, post, route
 from litestar.exceptions import InternalServerException, MethodNotAllowedException, NotFoundException
 
-from edged.core.model_config import model_config_to_json
+from edged.core.config.model_config import model_config_to_json
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends import kserve
 from edged.frontends.http.codec import (

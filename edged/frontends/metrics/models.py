@@ -20,7 +20,7 @@ from edged.errors import EdgedError
 from edged.frontends.metrics.exposition import Family, Labels, format_value
 
 if TYPE_CHECKING:
-    from edged.core.repository_manager import ModelRepositoryManager
+    from edged.core.repository.manager import ModelRepositoryManager
     from edged.core.stats import ExecutionTiming, ModelStatistics, RequestObserver
     from edged.frontends.metrics.config import MetricsConfig
     from edged.proto.model_config_pb2 import ModelConfig

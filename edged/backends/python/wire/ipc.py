@@ -60,8 +60,8 @@ _DONE_KEYS = frozenset({"t", "batch", "responses"})
 _LENGTH = struct.Struct("<I")
 _FD = struct.Struct("i")
 
-# Wire datatype -> numpy dtype of its binary form (BF16 travels as its uint16 bits). edged.core.datatypes has the
-# same table, but this module is also imported by the stub, which may run under a model's own interpreter
+# Wire datatype -> numpy dtype of its binary form (BF16 travels as its uint16 bits). edged.core.request.datatypes has
+# the same table, but this module is also imported by the stub, which may run under a model's own interpreter
 # (EXECUTION_ENV_PATH) where edged is not installed: it imports nothing of edged.
 NUMPY_BY_DATATYPE: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.core.datatypes import ELEMENT_SIZE_BY_WIRE_NAME, NUMPY_DTYPE_BY_WIRE_NAME
+from edged.core.request.datatypes import ELEMENT_SIZE_BY_WIRE_NAME, NUMPY_DTYPE_BY_WIRE_NAME
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 _LENGTH = struct.Struct("<I")

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from edged.core.backend_api import LoadContext
-from edged.core.batcher import DynamicBatcher
-from edged.core.config_defaults import normalize_model_config
-from edged.core.config_validation import validate_instance_groups, validate_model_config
+from edged.core.config.defaults import normalize_model_config
+from edged.core.config.model_config import parse_model_config
+from edged.core.config.validation import validate_instance_groups, validate_model_config
 from edged.core.devices import DeviceInventory
-from edged.core.model_config import parse_model_config
-from edged.core.repository import (
+from edged.core.repository.scan import (
     ModelSource,
     fill_backend_fields,
     model_file,
@@ -29,10 +28,11 @@ from edged.core.repository import (
     select_versions,
     version_numbers,
 )
-from edged.core.scheduler import DirectScheduler
-from edged.core.sequence import SequenceBatcher, check_sequence_config
+from edged.core.request.validation import ModelSignature
+from edged.core.scheduling.dynamic import DynamicBatcher
+from edged.core.scheduling.scheduler import DirectScheduler
+from edged.core.scheduling.sequence import SequenceBatcher, check_sequence_config
 from edged.core.stats import ModelStatistics, RequestObserver
-from edged.core.validation import ModelSignature
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from edged.core.backend_api import BackendModel, Backends
-    from edged.core.model_files import FolderPrint
-    from edged.core.scheduler import Scheduler
+    from edged.core.repository.files import FolderPrint
+    from edged.core.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +122,14 @@ class ModelRepositoryManager:
         """``backends``: what loads models (the daemon's edged.backends.BackendRegistry)."""
         self._options = options
         self._backends = backends
-        # Runs model executions that are too long for the event loop (see edged.core.scheduler).
+        # Runs model executions that are too long for the event loop (see edged.core.scheduling.scheduler).
         self._executor = executor
         self._models: dict[str, ModelEntry] = {}
         # Names of models in the repositories that were never loaded, which the index lists by name only (set by
         # model control in explicit mode).
         self.listing: Callable[[], list[str]] = list
 
-    # --- the tables, as model control (edged.core.model_control) changes them; on the event loop ---------------
+    # --- the tables, as model control (edged.core.repository.control) changes them; on the event loop ---------------
 
     @property
     def repositories(self) -> list[Path]:

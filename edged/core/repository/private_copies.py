@@ -1,6 +1,6 @@
 """Private copies of models loaded with overrides (a ``config`` and ``file:`` contents from the load API):
 ``<state dir>/models/<name>/<generation>/``, with ``CURRENT`` naming the generation the model serves from, so that a
-restart loads the same copy again. The files themselves are made by edged.core.model_files.make_private_copy."""
+restart loads the same copy again. The files themselves are made by edged.core.repository.files.make_private_copy."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 
 from edged.core.confined import PathOutsideRoot, inside, make_dirs, remove_tree
-from edged.core.model_files import sync_directory
 from edged.core.names import is_model_name, model_name_problem, printable
+from edged.core.repository.files import sync_directory
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from edged.core.confined import remove_tree
-from edged.core.repository import is_version_name
+from edged.core.repository.scan import is_version_name
 from edged.errors import EdgedError, ErrorCode
 
 # Largest single override file, and all of a request's files together: far above a model an appliance loads over

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edged.core.inference import InferInput, InferRequest
-from edged.core.scheduler import BatchRunner
+from edged.core.request.inference import InferInput, InferRequest
+from edged.core.scheduling.scheduler import BatchRunner
 from edged.core.stats import ExecutionTiming, FailureReason
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import DataType, ModelSequenceBatching
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from edged.core.backend_api import BackendInstance
-    from edged.core.inference import InferResponse
+    from edged.core.request.inference import InferResponse
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig
 

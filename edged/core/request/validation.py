@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edged.core.datatypes import WIRE_NAME_BY_CONFIG
-from edged.core.tensors import (
+from edged.core.request.datatypes import WIRE_NAME_BY_CONFIG
+from edged.core.request.tensors import (
     MAX_ELEMENTS,
     binary_dtype,
     bytes_array,
@@ -26,7 +26,7 @@ from edged.core.tensors import (
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from edged.core.inference import InferInput, InferRequest
+    from edged.core.request.inference import InferInput, InferRequest
     from edged.proto.model_config_pb2 import ModelConfig
 
 _BATCH_NOTE = (
@@ -220,7 +220,7 @@ def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
 def raw_binary_input(signature: ModelSignature, raw: bytes | memoryview) -> InferInput:
     """The single input of a "raw binary" request (a body with no JSON header), its shape deduced from the
     model's one input and the byte count, as Triton deduces it."""
-    from edged.core.inference import InferInput
+    from edged.core.request.inference import InferInput
 
     prefix = "[request id: <id_unknown>] "
     if len(signature.inputs) != 1:

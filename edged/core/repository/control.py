@@ -36,18 +36,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edged.core.model_files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
 from edged.core.names import model_name_problem, printable
-from edged.core.private_models import PrivateCopies, override_config_text
-from edged.core.repository import ModelSource, scan_repositories
-from edged.core.repository_manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
+from edged.core.repository.files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
+from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
+from edged.core.repository.private_copies import PrivateCopies, override_config_text
+from edged.core.repository.scan import ModelSource, scan_repositories
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from edged.core.repository_manager import ModelRepositoryManager
+    from edged.core.repository.manager import ModelRepositoryManager
     from edged.state.store import HistoryEvent, StateStore
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edged.core.scheduler import (
+from edged.core.scheduling.scheduler import (
     BatchRunner,
     Leaving,
     instance_left,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from edged.core.backend_api import BackendInstance
-    from edged.core.inference import InferRequest, InferResponse
+    from edged.core.request.inference import InferRequest, InferResponse
     from edged.core.stats import ModelStatistics
     from edged.proto.model_config_pb2 import ModelConfig, ModelQueuePolicy
 

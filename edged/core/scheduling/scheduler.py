@@ -1,7 +1,7 @@
 """Schedulers hand requests to free model instances.
 
 ``Scheduler.enqueue(request)`` is the one entry point the service uses; the direct scheduler below sends each
-request on its own, and the dynamic batcher (edged.core.batcher) groups them behind the same interface.
+request on its own, and the dynamic batcher (edged.core.scheduling.dynamic) groups them behind the same interface.
 
 Threads: ``enqueue`` runs on the event loop. An instance's ``execute`` runs either inline on the loop or on the
 shared worker pool: inline when the model's recent executions were shorter than a thread hand-off costs (tiny
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
     from edged.core.backend_api import BackendInstance
-    from edged.core.inference import InferRequest, InferResponse
+    from edged.core.request.inference import InferRequest, InferResponse
     from edged.core.stats import ModelStatistics
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Semantic checks on a complete model config, done before a model loads.
 
-Parsing (edged.core.model_config) only proves the text is a ModelConfig; these checks prove it describes a model
+Parsing (edged.core.config.model_config) only proves the text is a ModelConfig; these checks prove it describes a model
 edged can serve, and name the model, tensor and field that is wrong.
 """
 
