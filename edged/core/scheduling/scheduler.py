@@ -62,10 +62,8 @@ class DirectScheduler:
         # Instances on their way out (remove_instances), by id, with what to tell when the last one is idle.
         self._leaving: dict[int, Leaving] = {}
         self._waiters: deque[asyncio.Future[BackendInstance]] = deque()
-        self._executor = executor
         self._stats = stats
-        # Start on the pool: a first execution may be a large model, and the estimate is cheap to correct.
-        self._average_ns = float(INLINE_BUDGET_NS * 10)
+        self._runner = BatchRunner(executor, stats.name)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -87,24 +85,14 @@ class DirectScheduler:
             raise
         queued_ns = time.monotonic_ns() - request.arrival_ns
         timing = ExecutionTiming()
-        result: InferResponse | EdgedError | None
-        execute_async = getattr(instance, "execute_async", None)
-        if execute_async is not None:
-            result = (
-                await self._run(instance, request, timing, asyncio.ensure_future(execute_async((request,), timing)))
-            )[0]
-        elif self._average_ns < INLINE_BUDGET_NS and input_bytes(request) <= INLINE_MAX_INPUT_BYTES:
-            try:
-                start = time.perf_counter_ns()
-                result = instance.execute((request,), timing)[0]
-                self._observe(time.perf_counter_ns() - start)
-            finally:
-                self._finish(instance)
+        # The one way every scheduler runs a batch (BatchRunner): inline, on the pool, or awaited.
+        finished: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        inline = self._runner.run(instance, [request], timing, finished.set_result)
+        if inline is not None:
+            self._finish(instance)
+            result: InferResponse | EdgedError | None = inline[0]
         else:
-            work = asyncio.get_running_loop().run_in_executor(self._executor, _timed_execute, instance, request, timing)
-            results, elapsed = await self._run(instance, request, timing, work)
-            self._observe(elapsed)
-            result = results[0]
+            result = (await self._run(instance, request, timing, finished))[0]
         self._stats.record_execution(request.batch_size, timing)
         request_ns = time.monotonic_ns() - request.arrival_ns
         if isinstance(result, EdgedError):
@@ -159,9 +147,6 @@ class DirectScheduler:
         if self._in_flight == 0:
             self._idle.set()
 
-    def _observe(self, elapsed_ns: int) -> None:
-        self._average_ns += (elapsed_ns - self._average_ns) * _EWMA_WEIGHT
-
     async def _wait_for_instance(self) -> BackendInstance:
         waiter: asyncio.Future[BackendInstance] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -201,23 +186,13 @@ def _reason(request: InferRequest) -> FailureReason:
     return FailureReason.CANCELED if request.cancelled else FailureReason.BACKEND
 
 
-def _first_response(outcome: Any) -> Any:
-    """The single request's result from what an execution future holds: ``(results, elapsed)`` from the worker
-    pool, or the results list of an async backend."""
-    results = outcome[0] if isinstance(outcome, tuple) else outcome
+def _first_response(results: Any) -> Any:
+    """The single request's result from the results of its execution."""
     return results[0] if isinstance(results, list) and results else None
 
 
 def input_bytes(request: InferRequest) -> int:
     return sum(t.data.nbytes if t.data is not None else 0 for t in request.inputs)
-
-
-def _timed_execute(
-    instance: BackendInstance, request: InferRequest, timing: ExecutionTiming
-) -> tuple[list[InferResponse | EdgedError], int]:
-    start = time.perf_counter_ns()
-    results = instance.execute((request,), timing)
-    return results, time.perf_counter_ns() - start
 
 
 class Leaving:
