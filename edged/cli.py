@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edged import __version__
 from edged.config import ConfigError, add_serve_options, load, render, settings_from, template
-from edged.options import parse_bool
+from edged.config.options import parse_bool
 
 __all__ = ["build_parser", "main", "parse_bool"]
 

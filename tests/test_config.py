@@ -20,8 +20,8 @@ from server import REPO_ROOT, TRACEBACK_MARKER, free_ports, request
 
 import edged.config
 from edged.config import ConfigError, load, resolve, template
-from edged.options import BY_KEY, OPTIONS
-from edged.settings import DERIVED, Settings
+from edged.config.options import BY_KEY, OPTIONS
+from edged.config.settings import DERIVED, Settings
 from edged.state.directory import default_state_dir
 
 TIMEOUT_S = 120

@@ -11,7 +11,7 @@ import pytest
 from server import REPO_ROOT, TRACEBACK_MARKER, free_ports
 
 from edged.cli import build_parser
-from edged.settings import Settings
+from edged.config.settings import Settings
 
 TIMEOUT_S = 120
 

@@ -17,6 +17,7 @@ PACKAGE: Final = Path(__file__).resolve().parents[1] / "edged"
 FORBIDDEN: Final = {
     "edged.core": (
         "edged.backends",
+        "edged.config",
         "edged.frontends",
         "edged.daemon",
         "edged.cli",
@@ -25,7 +26,7 @@ FORBIDDEN: Final = {
         "grpc",
         "prometheus_client",
     ),
-    "edged.backends": ("edged.frontends", "edged.daemon", "edged.cli", "edged.state"),
+    "edged.backends": ("edged.frontends", "edged.config", "edged.daemon", "edged.cli", "edged.state"),
     "edged.frontends": ("edged.backends", "edged.daemon", "edged.cli", "edged.state"),
     # One package per wire: a wire never reaches into another; what both answer is the core's.
     "edged.frontends.http": ("edged.frontends.grpc", "edged.frontends.metrics"),

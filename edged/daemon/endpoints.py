@@ -27,8 +27,8 @@ from edged.frontends.metrics import MetricsCollector, SystemMetrics, create_metr
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
+    from edged.config.settings import Settings
     from edged.core.service import InferenceService
-    from edged.settings import Settings
 
 log = logging.getLogger("edged")
 

@@ -14,9 +14,9 @@ from edged.core.repository.control import ControlMode
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from edged.config.settings import Settings
     from edged.core.repository.control import ModelController
     from edged.daemon.systemd import ServiceNotifier
-    from edged.settings import Settings
 
 log = logging.getLogger("edged")
 

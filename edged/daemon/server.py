@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry, Counter
 
-    from edged.settings import Settings
+    from edged.config.settings import Settings
 
 log = logging.getLogger("edged")
 

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from edged.config.options import BY_KEY, OPTIONS
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
-from edged.options import BY_KEY, OPTIONS
 from edged.state.directory import default_state_dir
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The daemon's settings: one field per option of edged.options.OPTIONS (same name, no default of its own:
+    """The daemon's settings: one field per option of edged.config.options.OPTIONS (same name, no default of its own:
     defaults, limits and help live in that table only), and the few fields derived from options (``_DERIVED``).
     Build it with ``from_options`` or ``defaults``."""
 
@@ -76,7 +76,7 @@ class Settings:
     def from_options(
         cls, values: Mapping[str, Any], environ: Mapping[str, str], config_file: Path | None = None
     ) -> Settings:
-        """From every option's checked value, keyed as edged.options.OPTIONS names them (``http_port``).
+        """From every option's checked value, keyed as edged.config.options.OPTIONS names them (``http_port``).
 
         Raises ValueError with one line for a value that cannot be served (no repository, or one that is gone).
         """

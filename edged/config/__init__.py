@@ -1,6 +1,6 @@
 """Layered configuration of ``edged serve``: built-in defaults < a TOML file < ``EDGED_*`` environment < flags.
 
-``OPTIONS`` (edged.options) is the one table of the daemon's settings. The ``serve`` flags, the config file's
+``OPTIONS`` (edged.config.options) is the one table of the daemon's settings. The ``serve`` flags, the config file's
 keys, the environment variables, ``edged config`` and the packaged ``edged.toml`` are all derived from it, so a
 setting is added in one place. The names follow one rule from the flag: ``--http-port`` is the key ``http_port``
 and the variable ``EDGED_HTTP_PORT``.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from edged.options import BY_KEY, OPTIONS, Option
-from edged.settings import Settings
+from edged.config.options import BY_KEY, OPTIONS, Option
+from edged.config.settings import Settings
 
 DEFAULT_CONFIG_FILE: Final = Path("/etc/edged/edged.toml")
 CONFIG_ENV: Final = "EDGED_CONFIG"
