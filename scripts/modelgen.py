@@ -73,7 +73,7 @@ DATA_TYPES: Final[dict[str, DataType]] = {
 }
 
 # onnxruntime's CPU Identity kernel accepts every type above (BF16 included, verified by
-# tests/test_modelgen.py), so identity models exist for all of them.
+# tests/unit/test_modelgen.py), so identity models exist for all of them.
 IDENTITY_DTYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 
 # Add and Sub are not defined for bool or string tensors.

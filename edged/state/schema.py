@@ -1,6 +1,6 @@
 """The state database's tables as SQLAlchemy 2 typed ORM models.
 
-A change here needs a new revision in ``migrations/versions/``; ``tests/test_state_store.py`` fails when the
+A change here needs a new revision in ``migrations/versions/``; ``tests/unit/test_state_store.py`` fails when the
 models and the migrations disagree.
 
 Timestamps are stored as naive UTC (SQLite has no time zone type) and come back tz-aware in UTC.

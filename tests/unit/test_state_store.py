@@ -23,7 +23,7 @@ from edged.state import HistoryEvent, StateError, StateStore, default_state_dir
 from edged.state.schema import Base
 from edged.state.store import BUSY_TIMEOUT_S, DB_NAME, alembic_config
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[1]
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 TABLES: Final = {"alembic_version", "models", "model_versions", "transitions", "desired_models", "desired_versions"}
 
 

@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2
 
 # scripts/ is not a package, and the generators are build tooling rather than part of edged, so
 # the tests reach them through the path instead of an install.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import modelgen  # type: ignore[import-not-found, unused-ignore]
 

@@ -11,7 +11,7 @@ from typing import Final
 
 import pytest
 
-PACKAGE: Final = Path(__file__).resolve().parents[1] / "edged"
+PACKAGE: Final = Path(__file__).resolve().parents[2] / "edged"
 
 # package prefix -> prefixes it must never import
 FORBIDDEN: Final = {
