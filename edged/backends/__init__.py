@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "edged.backends.onnxruntime:OnnxRuntimeBackend",
     "python": "edged.backends.python.backend:PythonBackend",
-    # Not a backend in Triton's sense (its models are other models), but loaded the same way.
-    "ensemble": "edged.backends.ensemble:EnsembleBackend",
+    # Not a backend in Triton's sense (a scheduler over other models, in the core), but loaded the same way.
+    "ensemble": "edged.core.scheduling.ensemble:EnsembleBackend",
 }
 
 

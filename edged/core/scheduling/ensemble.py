@@ -12,6 +12,10 @@ cancelled. Cancelling the request cancels the steps in flight.
 
 An ensemble with a decoupled step is decoupled itself, as in Triton: each response of that step goes on through the
 rest of the graph on its own and becomes one response of the ensemble's stream.
+
+It lives with the other schedulers because that is what it is (its "model" is a graph of other models), and
+reaches the core through the backend interface like any backend: the daemon's registry builds it for
+``platform: "ensemble"`` with the server its steps call.
 """
 
 from __future__ import annotations
