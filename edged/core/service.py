@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from edged import __version__
@@ -57,6 +57,17 @@ class ServerMetadata:
     name: str
     version: str
     extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHandle:
+    """A READY model version as a frontend holds it for one request (InferenceService.find_model): its name,
+    version, and whether it answers through a stream of responses. What stands behind it is the core's own."""
+
+    name: str
+    version: int
+    decoupled: bool
+    _record: ModelVersion = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,19 +188,26 @@ class InferenceService:
 
     # --- inference ----------------------------------------------------------------------------------------
 
-    def find_model(self, name: str, version: int) -> ModelVersion:
-        """The READY version a request would go to; frontends look it up before decoding the body, as Triton does,
-        so a request for an unknown model is answered as such whatever its body holds."""
-        return self._manager.get_ready(name, version)
+    def find_model(self, name: str, version: int) -> ModelHandle:
+        """The READY version a request would go to, looked up once per request: frontends look it up before
+        decoding the body, as Triton does, so a request for an unknown model is answered as such whatever its body
+        holds, and hand the handle back with the request."""
+        found = self._manager.get_ready(name, version)
+        return ModelHandle(found.name, found.version, _is_decoupled(found), found)
 
-    def raw_input(self, model: ModelVersion, raw: bytes | memoryview) -> InferInput:
-        if model.signature is None:
+    def raw_input(self, model: ModelHandle, raw: bytes | memoryview) -> InferInput:
+        signature = model._record.signature
+        if signature is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, f"model '{model.name}' is not ready")
-        return raw_binary_input(model.signature, raw)
+        return raw_binary_input(signature, raw)
 
-    async def infer(self, request: InferRequest, model: ModelVersion | None = None) -> InferResponse:
-        if model is None:
-            model = self._manager.get_ready(request.model_name, request.model_version)
+    async def infer(self, request: InferRequest, handle: ModelHandle | None = None) -> InferResponse:
+        model = (
+            handle._record if handle is not None else self._manager.get_ready(request.model_name, request.model_version)
+        )
+        return await self._infer(request, model)
+
+    async def _infer(self, request: InferRequest, model: ModelVersion) -> InferResponse:
         if _is_decoupled(model):
             raise EdgedError(
                 ErrorCode.UNSUPPORTED,
@@ -217,16 +235,17 @@ class InferenceService:
                 self.shared_memory.release(held)
 
     async def infer_stream(
-        self, request: InferRequest, model: ModelVersion | None = None
+        self, request: InferRequest, handle: ModelHandle | None = None
     ) -> AsyncIterator[StreamResponse]:
         """Every response of the request, in order, the last one marked final. A model that is not decoupled
         gives exactly one; a decoupled one zero or more, then possibly a final response with no data. Errors found
         before the model runs are raised; errors after come as responses. Leaving the iteration early cancels the
         request."""
-        if model is None:
-            model = self._manager.get_ready(request.model_name, request.model_version)
+        model = (
+            handle._record if handle is not None else self._manager.get_ready(request.model_name, request.model_version)
+        )
         if not _is_decoupled(model):
-            yield StreamResponse(await self.infer(request, model), final=True)
+            yield StreamResponse(await self._infer(request, model), final=True)
             return
         scheduler = self._scheduler_of(model)
         held = self.shared_memory.bind_inputs(request)
@@ -247,6 +266,12 @@ class InferenceService:
                 request.cancel()
             if held:
                 self.shared_memory.release(held)
+
+    def _record(self, request: InferRequest, handle: ModelHandle | None) -> ModelVersion:
+        """The version the request goes to: the frontend's handle, or (a call from a model) looked up now."""
+        if handle is not None:
+            return handle._record
+        return self._manager.get_ready(request.model_name, request.model_version)
 
     def _scheduler_of(self, model: ModelVersion) -> Scheduler:
         if model.signature is None or model.scheduler is None:

@@ -338,7 +338,7 @@ def _parts(
             cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics, interval_ms=settings.metrics_interval_ms
         )
         yield SystemMetricsPart(system)
-        families = ModelMetrics(core.manager, settings.metrics_config, core.latencies)
+        families = ModelMetrics(core.service, settings.metrics_config, core.latencies)
         collector = MetricsCollector(families, system, core.backends.custom_metrics, core.registry)
         metrics = metrics_endpoint(settings, collector, sockets.metrics, core.refused)
         endpoints.append(metrics)

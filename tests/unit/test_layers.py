@@ -27,7 +27,17 @@ FORBIDDEN: Final = {
         "prometheus_client",
     ),
     "edged.backends": ("edged.frontends", "edged.config", "edged.daemon", "edged.cli", "edged.state"),
-    "edged.frontends": ("edged.backends", "edged.daemon", "edged.cli", "edged.state"),
+    # Frontends see the core through the service (and the plain records it answers with), never its internals.
+    "edged.frontends": (
+        "edged.backends",
+        "edged.daemon",
+        "edged.cli",
+        "edged.state",
+        "edged.core.scheduling",
+        "edged.core.repository.control",
+        "edged.core.repository.manager.ModelRepositoryManager",
+        "edged.core.repository.manager.ModelVersion",
+    ),
     # One package per wire: a wire never reaches into another; what both answer is the core's.
     "edged.frontends.http": ("edged.frontends.grpc", "edged.frontends.metrics"),
     "edged.frontends.grpc": ("edged.frontends.http", "edged.frontends.metrics"),

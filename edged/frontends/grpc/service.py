@@ -38,7 +38,7 @@ from edged.proto import grpc_service_pb2_grpc as pb_grpc
 from edged.proto import health_pb2, health_pb2_grpc
 
 if TYPE_CHECKING:
-    from edged.core.service import InferenceService
+    from edged.core.service import InferenceService, ModelHandle
 
 log = logging.getLogger(__name__)
 
@@ -283,13 +283,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         await self._infer(request, reply, streaming=False)
         return reply
 
-    async def _infer(self, request: Any, reply: Any, *, streaming: bool) -> None:
+    async def _infer(self, request: Any, reply: Any, *, streaming: bool, model: ModelHandle | None = None) -> None:
         service = self._service
         version = parse_version(request.model_version)
         # Looked up before the request is decoded, as Triton does: an unknown model is reported as such.
-        model = service.find_model(request.model_name, version)
-        config = model.config
-        if not streaming and config is not None and config.model_transaction_policy.decoupled:
+        if model is None:
+            model = service.find_model(request.model_name, version)
+        if not streaming and model.decoupled:
             raise unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
         response = await service.infer(decode_infer_request(request, version), model)
         encode_infer_response(response, reply)
@@ -366,10 +366,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         service = self._service
         version = parse_version(request.model_version)
         model = service.find_model(request.model_name, version)
-        config = model.config
-        if config is None or not config.model_transaction_policy.decoupled:
+        if not model.decoupled:
             reply = pb.ModelStreamInferResponse()
-            await self._infer(request, reply.infer_response, streaming=True)
+            await self._infer(request, reply.infer_response, streaming=True, model=model)
             # A model that is not decoupled gives exactly one response, which is therefore the final one.
             reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
             replies.put(reply, None)

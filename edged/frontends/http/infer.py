@@ -32,9 +32,8 @@ if TYPE_CHECKING:
 
     from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
-    from edged.core.repository.manager import ModelVersion
     from edged.core.request.inference import InferResponse
-    from edged.core.service import InferenceService
+    from edged.core.service import InferenceService, ModelHandle
 
 log = logging.getLogger("edged.frontends.http")
 
@@ -92,7 +91,7 @@ async def answer_infer(
     version_text: str | None,
     headers: dict[str, str],
     read_body: Callable[[], Awaitable[bytes]],
-    run: Callable[[InferRequest, ModelVersion], Awaitable[InferResponse | None]],
+    run: Callable[[InferRequest, ModelHandle], Awaitable[InferResponse | None]],
 ) -> Reply | None:
     """The reply to a POST to the infer path; None when the client went away first (``run`` answers None).
 
@@ -102,7 +101,7 @@ async def answer_infer(
     try:
         version = url_version(version_text)
         model = service.find_model(model_name, version)
-        if model.config is not None and model.config.model_transaction_policy.decoupled:
+        if model.decoupled:
             raise EdgedError(
                 ErrorCode.UNSUPPORTED, "HTTP end point doesn't support models with decoupled transaction policy"
             )
@@ -191,7 +190,7 @@ class InferRoute:
 
 
 async def _infer_unless_disconnected(
-    service: InferenceService, request: InferRequest, model: ModelVersion, receive: Receive
+    service: InferenceService, request: InferRequest, model: ModelHandle, receive: Receive
 ) -> InferResponse | None:
     """The response; None when the client closed its connection first, which cancels the inference as gRPC's
     cancellation does: the scheduler marks the request cancelled and the backend stops early where it can."""

@@ -20,7 +20,7 @@ from edged.errors import EdgedError
 from edged.frontends.metrics.exposition import Family, Labels, format_value
 
 if TYPE_CHECKING:
-    from edged.core.repository.manager import ModelRepositoryManager
+    from edged.core.service import InferenceService
     from edged.core.stats import ExecutionTiming, ModelStatistics, RequestObserver
     from edged.frontends.metrics.config import MetricsConfig
     from edged.proto.model_config_pb2 import ModelConfig
@@ -220,17 +220,17 @@ def first_response_buckets(config: ModelConfig | None) -> tuple[float, ...]:
 class ModelMetrics:
     """The per-model families of every READY model version, built from its statistics at each scrape."""
 
-    def __init__(self, manager: ModelRepositoryManager, config: MetricsConfig, recorder: LatencyRecorder) -> None:
+    def __init__(self, service: InferenceService, config: MetricsConfig, recorder: LatencyRecorder) -> None:
         """``recorder``: the one whose ``observer`` the manager's statistics were given."""
-        self._manager = manager
+        self._service = service
         self._config = config
         self._recorder = recorder
 
     def collect(self) -> list[Family]:
         versions: list[tuple[ModelStatistics, ModelConfig | None]] = []
-        for stats in self._manager.statistics("", -1):
+        for stats in self._service.statistics("", -1):
             try:
-                config = self._manager.get_ready(stats.name, stats.version).config
+                config: ModelConfig | None = self._service.model_config(stats.name, stats.version)
             except EdgedError:  # not READY any more
                 continue
             versions.append((stats, config))
