@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from edged.core.confined import remove_tree
+from edged.core.confined import PathOutsideRoot, make_dirs, remove_tree
 from edged.core.repository.scan import is_version_name
 from edged.errors import EdgedError, ErrorCode
 
@@ -178,16 +178,11 @@ def _link_tree(source: Path, destination: Path) -> None:
 
 def _write_new(root: Path, relative: PurePosixPath, content: bytes, *, replace: bool) -> None:
     """Write ``root/relative``, never through a symbolic link and never outside ``root``."""
-    directory = root
-    for part in relative.parts[:-1]:
-        directory = directory / part
-        try:
-            info = os.lstat(directory)
-        except FileNotFoundError:
-            directory.mkdir(mode=0o700)
-            continue
-        if not stat.S_ISDIR(info.st_mode):
-            raise _refused(str(relative), f"'{part}' is not a folder")
+    directory = root.joinpath(*relative.parts[:-1])
+    try:
+        make_dirs(root, directory)  # every folder on the way made or found inside root, none a link
+    except PathOutsideRoot:  # its message names the state directory, which a client never sees
+        raise _refused(str(relative), "a part of its path is not a folder") from None
     target = directory / relative.parts[-1]
     if replace:
         try:
