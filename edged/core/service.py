@@ -94,14 +94,15 @@ class InferenceService:
         server_id: str,
         strict_readiness: bool,
         shared_memory: SharedMemoryManager | None = None,
+        controller: ModelController | None = None,
     ) -> None:
+        """``controller``: model control, for the repository API (None: loads and unloads are refused)."""
         self._manager = manager
         # The shared-memory extension's regions; frontends call its register/unregister/status directly.
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)
         self._metadata = ServerMetadata(server_id, __version__, EXTENSIONS)
         self._strict_readiness = strict_readiness
-        # Loads and unloads models (set by the daemon once model control exists).
-        self.controller: ModelController | None = None
+        self._controller = controller
         # Live from construction; ready once the daemon finished its start-up loads (set by the daemon).
         self.started = False
         self.stopping = False
@@ -174,14 +175,14 @@ class InferenceService:
             raise EdgedError(ErrorCode.INVALID_ARG, "history paging needs offset >= 0 and 1 <= limit <= 1000")
         if name is not None and (problem := model_name_problem(name)) is not None:
             raise EdgedError(ErrorCode.INVALID_ARG, f"'{printable(name)}' cannot be a model name: {problem}")
-        if self.controller is None:
+        if self._controller is None:
             return [], 0
-        return await self.controller.history(name, offset, limit)
+        return await self._controller.history(name, offset, limit)
 
     def _control(self) -> ModelController:
-        if self.controller is None:
+        if self._controller is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
-        return self.controller
+        return self._controller
 
     def repository_index(self, ready_only: bool) -> list[IndexEntry]:
         return self._manager.index(ready_only)

@@ -1,14 +1,15 @@
 """The daemon's life cycle: build the parts, start them in order, serve, stop them in reverse.
 
 One process, one event loop: the HTTP, gRPC and metrics servers share it; model executions that are too long
-for the loop go to the worker pool (see edged.core.scheduling.scheduler). The parts, in the order they start:
+for the loop go to the worker pool (see edged.core.scheduling.scheduler). ``Core.build`` makes what every part
+shares (the repositories checked, the state database opened, the service with its model control), then the parts
+start in this order:
 
-1. ``core``: the worker pool, the shared-memory regions (the service itself is built with the daemon);
-2. ``state``: the state database;
-3. ``sockets``: the HTTP and metrics ports, bound before the models load so that a port in use fails at once;
-4. ``models``: model control, which loads what this mode serves;
-5. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC;
-6. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
+1. ``core``: what Core.build made, released last;
+2. ``sockets``: the HTTP and metrics ports, bound before the models load so that a port in use fails at once;
+3. ``models``: model control, which loads what this mode serves;
+4. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC;
+5. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
 
 Adding a part (sync, the console) is one line in ``_parts``. Signals: edged.daemon.signals. Start-up problems of
 the daemon itself (a port in use, a repository it cannot read, a state directory it cannot write) end it with
@@ -65,12 +66,15 @@ STATUS_REFRESH_S = 1.0
 
 @dataclass(slots=True)
 class Core:
-    """What every part shares: built at once, without I/O, so that a signal can stop the daemon at any time."""
+    """What every part shares, built before any part starts: the repositories are checked and the state database
+    opened here (StartupError with one line when either cannot be used), so the service is built whole, with its
+    model control; nothing here loads a model or listens."""
 
     executor: ThreadPoolExecutor
     backends: BackendRegistry
     latencies: LatencyRecorder
     manager: ModelRepositoryManager
+    controller: ModelController
     shared_memory: SharedMemoryManager
     service: InferenceService
     # edged's own metrics (edged_*), beside Triton's on /metrics, and the counters the parts update.
@@ -79,6 +83,16 @@ class Core:
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
+        for repository in settings.model_repositories:
+            try:
+                with os.scandir(repository):
+                    pass
+            except OSError as exc:
+                raise StartupError(f"model repository '{repository}' cannot be read: {exc.strerror}") from None
+        try:
+            store = StateStore.open(settings.state_dir) if settings.state_dir is not None else None
+        except StateError as exc:
+            raise StartupError(str(exc)) from None
         # Worker threads for model executions: enough for every core to be busy in onnxruntime.
         executor = ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1)), thread_name_prefix="edged-exec")
         # Taken once: instance groups are checked against it and instances placed on it as models load.
@@ -99,17 +113,30 @@ class Core:
             executor,
             backends,
         )
+        controller = ModelController(
+            manager,
+            ControlOptions(
+                mode=ControlMode(settings.model_control_mode),
+                poll_secs=settings.repository_poll_secs,
+                startup_models=settings.load_models,
+                load_thread_count=settings.model_load_thread_count,
+                state_dir=settings.state_dir,
+            ),
+            store,
+        )
         shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
         service = InferenceService(
             manager,
             server_id=settings.server_id,
             strict_readiness=settings.strict_readiness,
             shared_memory=shared_memory,
+            controller=controller,
         )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)
         registry = edged_registry()
-        return cls(executor, backends, latencies, manager, shared_memory, service, registry, refusal_counter(registry))
+        refused = refusal_counter(registry)
+        return cls(executor, backends, latencies, manager, controller, shared_memory, service, registry, refused)
 
     def status(self, endpoints: str) -> str:
         """``3/3 models ready; HTTP :8000, gRPC :8001, metrics :8002``: what ``systemctl status`` shows."""
@@ -120,50 +147,23 @@ class Core:
 
 
 class CorePart:
-    """The core's resources: released last."""
+    """The core's resources: released last (the state database, the shared-memory regions, the worker pool)."""
 
     name = "core"
 
-    def __init__(self, core: Core, settings: Settings) -> None:
+    def __init__(self, core: Core) -> None:
         self._core = core
-        self._settings = settings
 
     async def start(self) -> None:
-        for repository in self._settings.model_repositories:
-            try:
-                with os.scandir(repository):
-                    pass
-            except OSError as exc:
-                raise StartupError(f"model repository '{repository}' cannot be read: {exc.strerror}") from None
+        pass  # built already (Core.build)
 
     def stopping(self) -> None:
         self._core.service.stopping = True
 
     async def stop(self) -> None:
+        self._core.controller.close()
         self._core.shared_memory.close()
         self._core.executor.shutdown(wait=False, cancel_futures=True)
-
-
-class StatePart:
-    name = "state"
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self.store: StateStore | None = None
-
-    async def start(self) -> None:
-        if self._settings.state_dir is not None:
-            try:
-                self.store = StateStore.open(self._settings.state_dir)
-            except StateError as exc:
-                raise StartupError(str(exc)) from None
-
-    def stopping(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        if self.store is not None:
-            self.store.close()  # closed already by the models part when it ran; twice is harmless
 
 
 class ModelsPart:
@@ -171,44 +171,27 @@ class ModelsPart:
 
     name = "models"
 
-    def __init__(self, core: Core, settings: Settings, state: StatePart) -> None:
+    def __init__(self, core: Core, settings: Settings) -> None:
         self._core = core
         self._settings = settings
-        self._state = state
-        self.controller: ModelController | None = None
 
     async def start(self) -> None:
-        settings, manager = self._settings, self._core.manager
-        controller = self.controller = ModelController(
-            manager,
-            ControlOptions(
-                mode=ControlMode(settings.model_control_mode),
-                poll_secs=settings.repository_poll_secs,
-                startup_models=settings.load_models,
-                load_thread_count=settings.model_load_thread_count,
-                state_dir=settings.state_dir,
-            ),
-            self._state.store,
-        )
-        self._core.service.controller = controller
+        manager = self._core.manager
         log.info("edged %s starting: loading models from %s", __version__, ", ".join(map(str, manager.repositories)))
-        await controller.start()
+        await self._core.controller.start()
         failed = manager.failed()
         for what, reason in failed:
             log.error("%s is UNAVAILABLE: %s", what, reason)
-        if failed and settings.exit_on_error:
+        if failed and self._settings.exit_on_error:
             raise StartupError(f"{len(failed)} model(s) failed to load and --exit-on-error is set")
 
     def stopping(self) -> None:
         pass
 
     async def stop(self) -> None:
-        if self.controller is None:
-            return
-        await self.controller.stop()
+        await self._core.controller.stop()
         # Waits for the executions the cancelled requests left behind; Python stubs' finalize() runs here.
         await self._core.manager.unload_all()
-        self.controller.close()
 
 
 class ReadinessPart:
@@ -270,26 +253,23 @@ async def serve(settings: Settings, reread: Callable[[], Settings] = read_settin
 
 
 async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: ServiceNotifier) -> int:
-    models: ModelsPart | None = None
+    core: Core | None = None
     readiness: ReadinessPart | None = None
 
     async def on_reload() -> None:
-        assert models is not None and models.controller is not None and readiness is not None  # ready by now
-        await reload(notifier, models.controller, settings, reread, readiness.status)
+        assert core is not None and readiness is not None  # reloads run once the daemon is ready
+        await reload(notifier, core.controller, settings, reread, readiness.status)
 
     signals = Signals(on_reload)
     signals.install()  # before anything slow: SIGHUP's default action would end the daemon
     raise_file_limit(settings)
-    core = Core.build(settings)
-    state = StatePart(settings)
-    sockets = BoundSockets(settings)
-    models = ModelsPart(core, settings, state)
-    readiness = ReadinessPart(core, settings, notifier, signals)
     notifier.status("loading models")
     parts = Parts()
-    endpoints: list[UvicornEndpoint] = []
     try:
-        for part in _parts(core, settings, state, sockets, models, readiness, endpoints):
+        core = Core.build(settings)
+        readiness = ReadinessPart(core, settings, notifier, signals)
+        endpoints: list[UvicornEndpoint] = []
+        for part in _parts(core, settings, readiness, endpoints):
             await parts.start(part)
             if signals.stop.is_set():
                 return 0
@@ -314,20 +294,14 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
 
 
 def _parts(
-    core: Core,
-    settings: Settings,
-    state: StatePart,
-    sockets: BoundSockets,
-    models: ModelsPart,
-    readiness: ReadinessPart,
-    endpoints: list[UvicornEndpoint],
+    core: Core, settings: Settings, readiness: ReadinessPart, endpoints: list[UvicornEndpoint]
 ) -> Iterator[Part]:
     """The parts in start order: a generator, so that each endpoint is built once its socket is bound; the HTTP
     and metrics endpoints are added to ``endpoints`` as they are built (their ending unasked ends the daemon)."""
-    yield CorePart(core, settings)
-    yield state
+    sockets = BoundSockets(settings)
+    yield CorePart(core)
     yield sockets
-    yield models
+    yield ModelsPart(core, settings)
     assert sockets.http is not None
     http = http_endpoint(settings, core.service, sockets.http, core.refused)
     endpoints.append(http)
