@@ -338,12 +338,3 @@ def _config_of(model: ModelVersion) -> ModelConfig:
     if model.config is None:
         raise EdgedError(ErrorCode.UNAVAILABLE, f"model '{model.name}' has no configuration")
     return model.config
-
-
-def parse_version(text: str) -> int:
-    """A version from a URL or message: empty means 'pick by policy' (-1)."""
-    if not text:
-        return -1
-    if not text.isascii() or not text.isdigit():
-        raise EdgedError(ErrorCode.INVALID_ARG, f"failed to parse model version '{text}'")
-    return int(text)

@@ -338,15 +338,9 @@ def _configure_logging(settings: Settings) -> None:
     from edged import logs
 
     try:
-        logs.configure(
-            settings.log_verbose,
-            # Read with defaults: the command line offers these once it has the flags.
-            log_file=getattr(settings, "log_file", "") or "",
-            log_format=getattr(settings, "log_format", "default"),
-            log_info=getattr(settings, "log_info", True),
-            log_warning=getattr(settings, "log_warning", True),
-            log_error=getattr(settings, "log_error", True),
-        )
+        # The other log settings (file, format, which levels) start at their defaults; the logging extension
+        # changes them at run time.
+        logs.configure(settings.log_verbose)
     except logs.LogFileError as exc:
         print(f"edged: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -1,5 +1,6 @@
 """What the HTTP and gRPC wires both answer, written once: the KServe v2 documents (model metadata, statistics,
-the repository index) as plain values, and the logging extension's update in Triton's order.
+the repository index) as plain values, the logging extension's update in Triton's order, and the overrides a load
+request carries.
 
 The documents are dicts in the JSON shape of Triton's HTTP API, with every member Triton's gRPC messages have under
 the same name, so HTTP encodes them as they are and gRPC builds its protobuf messages from them (protobuf fills a
@@ -126,6 +127,30 @@ def update_log_settings(request: LogSettingsRequest, wire: str) -> None:
     finally:
         if changed:
             log.info("log settings changed over %s: %s", wire, ", ".join(f"{k}={v}" for k, v in changed.items()))
+
+
+class LoadParameters(Protocol):
+    """One wire's load request parameters: their keys, and the two kinds read as the wire carries them (raising
+    that wire's error for a value of another type)."""
+
+    def names(self) -> list[str]: ...
+
+    def config(self, key: str) -> str: ...
+
+    def file(self, key: str) -> bytes: ...
+
+
+def load_overrides(parameters: LoadParameters) -> tuple[str | None, dict[str, bytes]]:
+    """The ``config`` override (JSON text) and the ``file:<version>/<path>`` contents of a load request, by path;
+    other keys are ignored, as Triton ignores them."""
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for key in parameters.names():
+        if key == "config":
+            config = parameters.config(key)
+        elif key.startswith("file:"):
+            files[key.removeprefix("file:")] = parameters.file(key)
+    return config, files
 
 
 def _duration(d: Duration) -> dict[str, int]:

@@ -128,6 +128,28 @@ class _LogSettings:
         return invalid_arg(f"invalid argument for log_format, got: {text}")
 
 
+class _LoadParameters:
+    """A RepositoryModelLoad request's parameters: the config a string_param, each file a bytes_param."""
+
+    def __init__(self, parameters: Any) -> None:
+        self._parameters = parameters
+
+    def names(self) -> list[str]:
+        return list(self._parameters)
+
+    def config(self, key: str) -> str:
+        return str(self._value(key, "string_param"))
+
+    def file(self, key: str) -> bytes:
+        return bytes(self._value(key, "bytes_param"))
+
+    def _value(self, key: str, kind: str) -> Any:
+        parameter = self._parameters[key]
+        if parameter.WhichOneof("parameter_choice") != kind:
+            raise invalid_arg(f"the '{key}' parameter must be a {kind}")
+        return getattr(parameter, kind)
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """``inference.GRPCInferenceService``: every RPC, each a translation to one InferenceService call."""
 
@@ -189,18 +211,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     @_unary
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         _refuse_named_repository(request.repository_name)
-        config: str | None = None
-        files: dict[str, bytes] = {}
-        for key, parameter in request.parameters.items():
-            kind = parameter.WhichOneof("parameter_choice")
-            if key == "config":
-                if kind != "string_param":
-                    raise EdgedError(ErrorCode.INVALID_ARG, "the 'config' parameter must be a string_param")
-                config = parameter.string_param
-            elif key.startswith("file:"):
-                if kind != "bytes_param":
-                    raise EdgedError(ErrorCode.INVALID_ARG, f"the '{key}' parameter must be a bytes_param")
-                files[key.removeprefix("file:")] = parameter.bytes_param
+        config, files = kserve.load_overrides(_LoadParameters(request.parameters))
         await self._service.load_model(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 

@@ -257,23 +257,36 @@ def _repository_parameters(body: bytes, what: str) -> dict[str, Any]:
 
 @post("/v2/repository/models/{model:str}/load", status_code=200)
 async def repository_load(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
-    config: str | None = None
-    files: dict[str, bytes] = {}
-    for key, value in _repository_parameters(await request.body(), "load").items():
-        # Triton reads every load parameter as a string.
-        if not isinstance(value, str):
-            raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
-        if key == "config":
-            config = value
-        elif key.startswith("file:"):
-            try:
-                files[key.removeprefix("file:")] = base64.b64decode(value, validate=True)
-            except binascii.Error:
-                raise EdgedError(
-                    ErrorCode.INVALID_ARG, f"failed to load '{model}': '{key}' is not valid base64"
-                ) from None
+    parameters = _repository_parameters(await request.body(), "load")
+    config, files = kserve.load_overrides(_JsonLoadParameters(model, parameters))
     await _service(request).load_model(model, config, files)
     return Response(b"", status_code=200)
+
+
+class _JsonLoadParameters:
+    """A load request's JSON ``parameters``: every value a string (Triton reads them all as strings), the files'
+    contents in base64."""
+
+    def __init__(self, model: str, parameters: dict[str, Any]) -> None:
+        for value in parameters.values():
+            if not isinstance(value, str):
+                raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
+        self._model = model
+        self._parameters: dict[str, str] = parameters
+
+    def names(self) -> list[str]:
+        return list(self._parameters)
+
+    def config(self, key: str) -> str:
+        return self._parameters[key]
+
+    def file(self, key: str) -> bytes:
+        try:
+            return base64.b64decode(self._parameters[key], validate=True)
+        except binascii.Error:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG, f"failed to load '{self._model}': '{key}' is not valid base64"
+            ) from None
 
 
 @post("/v2/repository/models/{model:str}/unload", status_code=200)
