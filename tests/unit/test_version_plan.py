@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edged.core.repository.control import VersionPlan, plan_versions
 from edged.core.repository.files import FolderPrint
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion
+from edged.core.repository.plan import VersionPlan, plan_versions
 from edged.core.repository.scan import ModelSource
 from edged.proto.model_config_pb2 import ModelConfig
 

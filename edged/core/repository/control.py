@@ -17,8 +17,8 @@ Poll mode never loads a folder that is still being written: a change is acted on
 folder identical (names, sizes, modification times) and nothing in it changed for ``SETTLE_S`` seconds.
 
 Every transition (loading, ready, failed and why, unloading, unloaded) goes to the state database with its origin
-(startup, poll, api, upload, sync), when it happened and how long it took. The database is written from one thread
-of its own, so the event loop never waits for the disk.
+(startup, poll, api, upload, sync), when it happened and how long it took, through records.py (one thread of its
+own, so the event loop never waits for the disk). What a reload does with each version is planned in plan.py.
 
 Everything here runs on the event loop; blocking work (reading configs, loading, unloading, hashing files) goes to
 the load pool, one model at a time per model (a lock per name), many models at once.
@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any
 from edged.core.names import model_name_problem, printable
 from edged.core.repository.files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
+from edged.core.repository.plan import plan_versions
 from edged.core.repository.private_copies import PrivateCopies, override_config_text
+from edged.core.repository.records import ControlRecords
 from edged.core.repository.scan import ModelSource, scan_repositories
 from edged.errors import EdgedError, ErrorCode
-from edged.proto.model_config_pb2 import ModelConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from edged.core.repository.manager import ModelRepositoryManager
+    from edged.proto.model_config_pb2 import ModelConfig
     from edged.state.store import HistoryEvent, StateStore
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,8 @@ class ModelController:
         self._manager = manager
         self._copies = PrivateCopies(options.state_dir / PRIVATE_MODELS if options.state_dir is not None else None)
         self._options = options
-        self._store = store
+        self._records = ControlRecords(store)
         self._load_pool = ThreadPoolExecutor(max(1, options.load_thread_count), thread_name_prefix="edged-load")
-        # The state database is written in order, from this one thread.
-        self._db_pool = ThreadPoolExecutor(1, thread_name_prefix="edged-state")
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         # Poll mode: each folder's fingerprint at the previous poll, to see that it stopped changing.
@@ -115,8 +113,7 @@ class ModelController:
             wanted = set(self._options.startup_models)
             if "*" in wanted:
                 wanted = set(scan.models)
-            if self._store is not None:
-                wanted |= set(await self._db(self._store.desired))
+            wanted |= set(await self._records.desired())
             names = sorted(name for name in wanted if self._loadable_at_start(name))
         else:
             names = sorted(scan.models)
@@ -153,9 +150,7 @@ class ModelController:
         self._load_pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        self._db_pool.shutdown(wait=True)
-        if self._store is not None:
-            self._store.close()
+        self._records.close()
 
     # --- the repository API -------------------------------------------------------------------------------------
 
@@ -190,7 +185,7 @@ class ModelController:
                 self._settle_private(name, private)
         finally:
             # Acknowledged means recorded: the answer waits for the history of this load to be committed.
-            await self._history_written()
+            await self._records.written()
 
     async def unload(self, name: str, *, origin: Origin = Origin.API, unload_dependents: bool = False) -> None:
         """Unload every version of a model; answers once they are unloaded, or after the unload timeout while
@@ -213,10 +208,9 @@ class ModelController:
                     if version.state is ModelState.READY:
                         tasks.append(self._retire(version, origin))
                 entry.state, entry.wanted = ModelState.UNAVAILABLE, False
-            if self._store is not None and self._options.mode is ControlMode.EXPLICIT:
+            if self._options.mode is ControlMode.EXPLICIT:
                 # Committed before the answer, under the lock, so a load that follows records after it.
-                store = self._store
-                await self._durably(lambda: store.remove_desired(name), name, "unloaded")
+                await self._records.remove_desired(name)
         if tasks:
             done, _ = await asyncio.wait(tasks, timeout=self._options.unload_timeout_s)
             if len(done) < len(tasks):
@@ -229,7 +223,7 @@ class ModelController:
             for dependent in self._dependents(name):
                 log.info("unloading ensemble '%s', which uses model '%s'", dependent, name)
                 await self.unload(dependent, origin=origin, unload_dependents=True)
-        await self._history_written()
+        await self._records.written()
 
     def _dependents(self, name: str) -> list[str]:
         """The loaded ensembles with a step that names model ``name``."""
@@ -245,11 +239,7 @@ class ModelController:
         return sorted(dependents)
 
     async def history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
-        if self._store is None:
-            return [], 0
-        store = self._store
-        result: tuple[list[HistoryEvent], int] = await self._db(lambda: store.history(name, offset=offset, limit=limit))
-        return result
+        return await self._records.history(name, offset, limit)
 
     # --- poll mode ----------------------------------------------------------------------------------------------
 
@@ -300,9 +290,8 @@ class ModelController:
         committed before the lock goes, so that an unload that follows records after it."""
         async with self._lock(name):
             await self._load_locked(name, origin, private)
-            if desired and self._store is not None and self._options.mode is ControlMode.EXPLICIT:
-                store = self._store
-                await self._durably(lambda: store.set_desired(name, None), name, "loaded")
+            if desired and self._options.mode is ControlMode.EXPLICIT:
+                await self._records.set_desired(name)
         await self._retry_ensembles(name, origin)
 
     async def _retry_ensembles(self, loaded: str, origin: Origin) -> None:
@@ -407,9 +396,7 @@ class ModelController:
                 if serving is not None:
                     retire.append(serving)
                 self._transition(name, version.version, ModelState.READY.value, origin, duration_s=seconds)
-                if self._store is not None:
-                    path = str(source.path / str(version.version))
-                    self._record(self._store.model_seen, name, path, version.version, digest, size)
+                self._records.seen(name, str(source.path / str(version.version)), version.version, digest, size)
                 continue
             failures.append(version)
             if serving is not None:
@@ -469,7 +456,7 @@ class ModelController:
         started = time.monotonic()
         version = self._manager.load_version(source, config, number)
         seconds = time.monotonic() - started
-        digest = checksum(source.path / str(number)) if self._store is not None else ("", 0)
+        digest = checksum(source.path / str(number)) if self._records.enabled else ("", 0)
         return version, seconds, digest
 
     def _config_failed(
@@ -591,73 +578,7 @@ class ModelController:
         *,
         duration_s: float | None = None,
     ) -> None:
-        if self._store is not None:
-            self._record(self._store.transition, name, version, state, origin.value, reason, duration_s)
-
-    async def _durably(self, call: Callable[[], Any], name: str, done: str) -> None:
-        """Write the desired state and wait for the commit: an answer that says done must survive a crash. A write
-        that fails fails the request, since a restart would not restore what it did."""
-        try:
-            await self._db(call)
-        except Exception as exc:
-            log.error("recording that model '%s' was %s failed: %s", name, done, exc)
-            raise EdgedError(
-                ErrorCode.INTERNAL,
-                f"model '{name}' was {done}, but the state database could not record it, so a restart would not "
-                "keep it so",
-            ) from None
-
-    async def _history_written(self) -> None:
-        """Wait for every history write queued so far (the database thread runs them in order)."""
-        if self._store is not None:
-            await self._db(lambda: None)
-
-    def _record(self, call: Callable[..., Any], *args: Any) -> None:
-        """Write to the state database in order, without waiting; a failed write is logged, never raised."""
-        future = self._db_pool.submit(call, *args)
-        future.add_done_callback(_log_failure)
-
-    async def _db(self, call: Callable[[], Any]) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._db_pool, call)
-
-
-@dataclass(frozen=True, slots=True)
-class VersionPlan:
-    """What a load does with each version its config selects: ``keep`` the version serving as it is (same config,
-    same files), ``resize`` it in place (only instance counts changed), or ``load`` a new one beside it."""
-
-    keep: frozenset[int]
-    resize: frozenset[int]
-    load: tuple[int, ...]
-
-
-def plan_versions(
-    old: ModelEntry | None, source: ModelSource, folder: FolderPrint | None, config: ModelConfig, numbers: list[int]
-) -> VersionPlan:
-    """The plan for loading ``numbers`` of a model from ``source`` (``folder`` its fingerprint, ``config`` its new
-    config) over ``old``, what the manager has of it now. Pure: it reads, loads and changes nothing."""
-    keep: set[int] = set()
-    resize: set[int] = set()
-    same_files = old is not None and old.source.path == source.path and old.folder is not None and folder is not None
-    if same_files:
-        assert old is not None and old.folder is not None and folder is not None
-        for number in numbers:
-            current = old.versions.get(number)
-            if current is None or current.state is not ModelState.READY:
-                continue
-            if old.folder.versions.get(number) != folder.versions.get(number):
-                continue  # the version's own files changed
-            if current.config == config and old.folder.model == folder.model:
-                keep.add(number)
-            elif (
-                current.config is not None
-                and hasattr(current.backend_model, "resize")
-                and _without_counts(current.config) == _without_counts(config)
-                and _without_config(old.folder.model) == _without_config(folder.model)
-            ):
-                resize.add(number)
-    load = tuple(number for number in numbers if number not in keep and number not in resize)
-    return VersionPlan(frozenset(keep), frozenset(resize), load)
+        self._records.transition(name, version, state, origin.value, reason, duration_s)
 
 
 def _is_ensemble(model_dir: Path) -> bool:
@@ -667,23 +588,3 @@ def _is_ensemble(model_dir: Path) -> bool:
     except OSError:
         return False
     return re.search(r'(?m)^\s*platform\s*:\s*"ensemble"', text) is not None
-
-
-def _without_counts(config: ModelConfig) -> bytes:
-    """The config with every instance group's count cleared: equal for configs that differ only in counts."""
-    copy = ModelConfig()
-    copy.CopyFrom(config)
-    for group in copy.instance_group:
-        group.count = 0
-    data: bytes = copy.SerializeToString(deterministic=True)
-    return data
-
-
-def _without_config(files: Any) -> Any:
-    return tuple(item for item in files if item[0] != "config.pbtxt")
-
-
-def _log_failure(future: Any) -> None:
-    exc = future.exception()
-    if exc is not None:
-        log.error("writing the state database failed: %s", exc)

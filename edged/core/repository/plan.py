@@ -1,0 +1,69 @@
+"""What a (re)load does with each version of a model, decided without loading anything: keep the version serving
+as it is, change its instance counts in place, or load a new one beside it. Model control (control.py) carries the
+plan out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edged.core.repository.manager import ModelState
+from edged.proto.model_config_pb2 import ModelConfig
+
+if TYPE_CHECKING:
+    from edged.core.repository.files import FolderPrint
+    from edged.core.repository.manager import ModelEntry
+    from edged.core.repository.scan import ModelSource
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPlan:
+    """What a load does with each version its config selects: ``keep`` the version serving as it is (same config,
+    same files), ``resize`` it in place (only instance counts changed), or ``load`` a new one beside it."""
+
+    keep: frozenset[int]
+    resize: frozenset[int]
+    load: tuple[int, ...]
+
+
+def plan_versions(
+    old: ModelEntry | None, source: ModelSource, folder: FolderPrint | None, config: ModelConfig, numbers: list[int]
+) -> VersionPlan:
+    """The plan for loading ``numbers`` of a model from ``source`` (``folder`` its fingerprint, ``config`` its new
+    config) over ``old``, what the manager has of it now. Pure: it reads, loads and changes nothing."""
+    keep: set[int] = set()
+    resize: set[int] = set()
+    same_files = old is not None and old.source.path == source.path and old.folder is not None and folder is not None
+    if same_files:
+        assert old is not None and old.folder is not None and folder is not None
+        for number in numbers:
+            current = old.versions.get(number)
+            if current is None or current.state is not ModelState.READY:
+                continue
+            if old.folder.versions.get(number) != folder.versions.get(number):
+                continue  # the version's own files changed
+            if current.config == config and old.folder.model == folder.model:
+                keep.add(number)
+            elif (
+                current.config is not None
+                and hasattr(current.backend_model, "resize")
+                and _without_counts(current.config) == _without_counts(config)
+                and _without_config(old.folder.model) == _without_config(folder.model)
+            ):
+                resize.add(number)
+    load = tuple(number for number in numbers if number not in keep and number not in resize)
+    return VersionPlan(frozenset(keep), frozenset(resize), load)
+
+
+def _without_counts(config: ModelConfig) -> bytes:
+    """The config with every instance group's count cleared: equal for configs that differ only in counts."""
+    copy = ModelConfig()
+    copy.CopyFrom(config)
+    for group in copy.instance_group:
+        group.count = 0
+    data: bytes = copy.SerializeToString(deterministic=True)
+    return data
+
+
+def _without_config(files: Any) -> Any:
+    return tuple(item for item in files if item[0] != "config.pbtxt")
