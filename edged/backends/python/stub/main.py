@@ -19,6 +19,10 @@ Imports: the standard library, numpy, triton_python_backend_utils beside it and 
 speaks too (``../wire``: ipc, shm); both folders are taken off ``sys.path`` again once these are loaded, so that a
 model's own imports never find them. The process boundary is the tree's: the daemon side is ``..``, the stub side
 this folder, and ``../wire`` what both import.
+
+Why one module of this size: it is one idea, the stub process (its connection, the serving loop, and the calls
+triton_python_backend_utils makes into it, which share the connection's send lock and reader). A second module
+beside it would be one more top-level name in the model's interpreter, for the same reason as above.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ the logger prints to stderr.
 
 This module is loaded by the stub interpreter, which may be a model's own Python environment: it uses the
 standard library and numpy only.
+
+Why one module of this size: it is one idea, the API models are written against, and it has to be one importable
+name, as Triton's is: models import ``triton_python_backend_utils`` and reach every class and constant through it.
+Splitting it into siblings would leave them as top-level modules a model's own imports could find (the stub takes
+its folder off ``sys.path`` for that reason).
 """
 
 from __future__ import annotations
