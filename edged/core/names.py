@@ -46,7 +46,7 @@ def is_model_name(name: str) -> bool:
 
 def printable(name: str, limit: int = 80) -> str:
     """``name`` as an error message may show it: control characters escaped, a long name shortened."""
-    shown = "".join(f"\\x{ord(c):02x}" if _is_control(c) or c == "\0" else c for c in name)
+    shown = "".join(f"\\x{ord(c):02x}" if _is_control(c) else c for c in name)
     shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
     return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(shown)} characters)"
 

@@ -205,9 +205,10 @@ class ReadinessPart:
         self._notifier = notifier
         self._signals = signals
         self._refresh: asyncio.Task[None] | None = None
+        self._endpoints = describe(settings)
 
     def status(self) -> str:
-        return self._core.status(describe(self._settings))
+        return self._core.status(self._endpoints)
 
     async def start(self) -> None:
         settings = self._settings

@@ -149,7 +149,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._expect("headers", self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        if self._admit():
+        declared = next((value for name, value in self.headers if name == b"content-length"), None)
+        if self._admit(declared.decode("latin-1") if declared is not None else None):
             super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -164,19 +165,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     # --- for subclasses that answer some requests themselves ---------------------------------------------------
 
-    def _admit(self) -> bool:
-        """Once a request's headers are read: False when it was refused (and answered) for its declared size;
-        otherwise its body's clock starts."""
+    def _admit(self, content_length: str | None) -> bool:
+        """Once a request's headers are read (``content_length`` the header's value, if any): False when it was
+        refused (and answered) for its declared size; otherwise its body's clock starts."""
         if self._refused:
             return False
         busy = self.cycle is not None and not self.cycle.response_complete
-        if not busy:  # behind an answer still owed, a refusal would overtake it: the route refuses in order instead
-            for name, value in self.headers:
-                if name == b"content-length":
-                    refusal = declared_too_large(value.decode("latin-1"), self.limits.max_body_size)
-                    if refusal is not None:
-                        self._refuse(413, str(refusal), linger=True)
-                        return False
+        # Behind an answer still owed, a refusal would overtake it: the route refuses in order instead.
+        refusal = None if busy else declared_too_large(content_length, self.limits.max_body_size)
+        if refusal is not None:
+            self._refuse(413, str(refusal), linger=True)
+            return False
         self._expect("body", self.limits.body_timeout_s)
         return True
 

@@ -120,10 +120,10 @@ class InferHttpProtocol(LimitedHttpProtocol):
         if match is None:
             super().on_headers_complete()
             return
-        if not self._admit():
-            return
         # Read now: the parser may go on to a pipelined request (new headers) while this one is answered.
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in self.headers}
+        if not self._admit(headers.get("content-length")):
+            return
         inference = _Inference(match, headers, self.parser.should_keep_alive())
         self._inference = inference
         self.cycle = inference  # type: ignore[assignment]
