@@ -101,9 +101,7 @@ def data_type(name: str) -> DataType:
     try:
         return DATA_TYPES[key]
     except KeyError:
-        raise ValueError(
-            f"unknown Triton data type {name!r}; expected one of {', '.join(DATA_TYPES)}"
-        ) from None
+        raise ValueError(f"unknown Triton data type {name!r}; expected one of {', '.join(DATA_TYPES)}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,9 +417,7 @@ class _ResNetBuilder:
         self.parameters += array.size
         return name
 
-    def conv(
-        self, x: str, in_ch: int, out_ch: int, kernel: int, stride: int, *, relu: bool, gain: float = 1.0
-    ) -> str:
+    def conv(self, x: str, in_ch: int, out_ch: int, kernel: int, stride: int, *, relu: bool, gain: float = 1.0) -> str:
         name = self._name("conv")
         fan_in = in_ch * kernel * kernel
         # He initialisation keeps activations at a stable scale through 50 layers, so the random
@@ -573,9 +569,7 @@ def write_bundled_repository(repo: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     bundled = sub.add_parser("bundled", help="write the repository that ships with edged")
     bundled.add_argument("repo", type=Path)

@@ -8,6 +8,7 @@ with its ``--backend-config`` settings and the server its models may call.
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import TYPE_CHECKING
 
 from edged.errors import EdgedError, ErrorCode
@@ -33,6 +34,9 @@ class BackendRegistry:
         self._config = {name: dict(values) for name, values in backend_config.items()}
         self._host = host
         self._loaded: dict[str, Backend] = {}
+        # Models load on several threads at once; two first models of one backend must get the same backend (a
+        # second one would hold, say, the metric families of the models loaded through it where no scrape sees them).
+        self._lock = threading.Lock()
 
     def attach(self, host: ServerApi) -> None:
         """Give the backends the server their models may call. The server is built on the manager, which is built on
@@ -46,6 +50,13 @@ class BackendRegistry:
         return {**self._config.get("", {}), **self._config.get(name, {})}
 
     def get(self, name: str) -> Backend:
+        loaded = self._loaded.get(name)
+        if loaded is not None:
+            return loaded
+        with self._lock:
+            return self._build(name)
+
+    def _build(self, name: str) -> Backend:
         loaded = self._loaded.get(name)
         if loaded is not None:
             return loaded
