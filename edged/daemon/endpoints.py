@@ -22,13 +22,14 @@ from edged.frontends.http import (
     LimitedHttpProtocol,
     create_http_app,
 )
-from edged.frontends.metrics import MetricsCollector, SystemMetrics, create_metrics_app
+from edged.frontends.metrics.endpoint import MetricsCollector, create_metrics_app
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
     from edged.config.settings import Settings
     from edged.core.service import InferenceService
+    from edged.frontends.metrics.system import SystemMetrics
 
 log = logging.getLogger("edged")
 

@@ -48,7 +48,9 @@ from edged.daemon.reload import read_settings, reload
 from edged.daemon.signals import Signals
 from edged.daemon.systemd import ServiceNotifier
 from edged.frontends.http import refusal_counter
-from edged.frontends.metrics import LatencyRecorder, MetricsCollector, ModelMetrics, SystemMetrics, edged_registry
+from edged.frontends.metrics.endpoint import MetricsCollector, edged_registry
+from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
+from edged.frontends.metrics.system import SystemMetrics
 from edged.state.store import StateError, StateStore
 
 if TYPE_CHECKING:

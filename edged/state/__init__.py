@@ -1,11 +1,6 @@
 """The daemon's persistent state: models and versions seen, every state transition, the desired set.
 
-Only ``store.py`` issues SQL; everything else calls ``StateStore``'s typed methods.
+Only ``store.py`` issues SQL; everything else calls ``StateStore``'s typed methods. The package itself imports
+nothing: ``directory`` (where the state lives) is read by every command, the store (SQLAlchemy, Alembic) only by the
+daemon.
 """
-
-from __future__ import annotations
-
-from edged.state.directory import default_state_dir
-from edged.state.store import HistoryEvent, SeenVersion, StateError, StateStore
-
-__all__ = ["HistoryEvent", "SeenVersion", "StateError", "StateStore", "default_state_dir"]

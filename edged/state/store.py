@@ -23,25 +23,31 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Connection, Engine, create_engine, delete, event, func, inspect, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 import edged
-from edged.state.schema import DesiredModel, DesiredVersion, Model, ModelVersion, Transition
+from edged.state.schema import Base, DesiredModel, DesiredVersion, Model, ModelVersion, Transition
 
 if TYPE_CHECKING:
     import sqlite3
 
+    from alembic.config import Config
     from sqlalchemy.pool import ConnectionPoolEntry
 
 DB_NAME: Final = "edged.db"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
+# The schema revision of this edged (the newest in migrations/versions; a test holds them equal). A database at it,
+# or a new one, opens without Alembic, whose import alone takes a fifth of a second of every start on a small device;
+# Alembic runs only to upgrade an older database or to refuse one it cannot place.
+HEAD_REVISION: Final = "0001"
+# The table in which Alembic keeps a database's revision, as Alembic itself creates it.
+_VERSION_TABLE: Final = (
+    "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
+    "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"
+)
 # How long a write waits for another process's write lock before it fails with "database is locked".
 BUSY_TIMEOUT_S: Final = 5.0
 # An execution option (ours, not SQLAlchemy's) that makes the "begin" hook emit BEGIN IMMEDIATE.
@@ -91,6 +97,8 @@ class SeenVersion:
 
 def alembic_config(db: Path) -> Config:
     """Alembic's configuration for the database at ``db``, built in code: edged ships no alembic.ini."""
+    from alembic.config import Config
+
     config = Config()
     # Config values go through ConfigParser interpolation, where "%" starts a reference.
     config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
@@ -361,9 +369,7 @@ def _create_engine(db: Path) -> Engine:
 
 
 def _check_and_migrate(engine: Engine, db: Path) -> None:
-    """Refuses a corrupt, foreign or newer database, then applies the migrations up to head in one transaction."""
-    config = alembic_config(db)
-    known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+    """Refuses a corrupt, foreign or newer database, then brings it to this edged's schema in one transaction."""
     with engine.execution_options(**{_WRITE: True}).begin() as connection:
         # quick_check: the page and b-tree structure without matching every index entry, so it stays fast.
         findings = connection.exec_driver_sql("PRAGMA quick_check(3)").scalars().all()
@@ -371,25 +377,49 @@ def _check_and_migrate(engine: Engine, db: Path) -> None:
             # Each finding may span lines ("*** in database main ***\nPage 3: ..."); the message stays one line.
             found = "; ".join(line.strip() for finding in findings for line in str(finding).splitlines()[-1:])
             raise StateError(f"state database {db} is corrupt ({found}); {_MOVE_ASIDE}")
-        heads = MigrationContext.configure(connection).get_current_heads()
-        unknown = sorted(head for head in heads if head not in known)
-        if unknown:
-            raise StateError(
-                f"state database {db} was written by a newer edged (schema revision {', '.join(unknown)} is unknown "
-                f"to edged {edged.__version__}); upgrade edged or move the file aside"
-            )
-        if not heads:
-            foreign = sorted(set(inspect(connection).get_table_names()) - {"alembic_version"})
-            if foreign:
-                raise StateError(
-                    f"state database {db} is not an edged state database (it has tables {', '.join(foreign)} "
-                    "but no edged schema revision); move it aside or choose another state directory"
-                )
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+        tables = set(inspect(connection).get_table_names())
+        if not tables:
+            # A new database: the schema as the models declare it, stamped at head, as Alembic's "create_all, then
+            # stamp" recipe does (a test holds the result equal to running every migration).
+            Base.metadata.create_all(connection)
+            connection.exec_driver_sql(_VERSION_TABLE)
+            connection.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES (?)", (HEAD_REVISION,))
+        elif "alembic_version" not in tables or _revisions(connection) != [HEAD_REVISION]:
+            _migrate(connection, db, tables)
         mode = connection.exec_driver_sql("PRAGMA journal_mode").scalar()
         if mode != "wal":
             raise StateError(f"state database {db}: cannot use write-ahead logging on this file system ({mode})")
+
+
+def _revisions(connection: Connection) -> list[str]:
+    return [
+        str(revision) for revision in connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalars()
+    ]
+
+
+def _migrate(connection: Connection, db: Path, tables: set[str]) -> None:
+    """Alembic's upgrade to head, after refusing a revision it does not know or tables that are not edged's."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    config = alembic_config(db)
+    known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+    heads = MigrationContext.configure(connection).get_current_heads()
+    unknown = sorted(head for head in heads if head not in known)
+    if unknown:
+        raise StateError(
+            f"state database {db} was written by a newer edged (schema revision {', '.join(unknown)} is unknown "
+            f"to edged {edged.__version__}); upgrade edged or move the file aside"
+        )
+    foreign = sorted(tables - {"alembic_version"})
+    if not heads and foreign:
+        raise StateError(
+            f"state database {db} is not an edged state database (it has tables {', '.join(foreign)} "
+            "but no edged schema revision); move it aside or choose another state directory"
+        )
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")
 
 
 def _model_id(session: Session, name: str) -> int:

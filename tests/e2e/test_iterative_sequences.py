@@ -164,11 +164,11 @@ def test_a_decoupled_model_answers_every_iteration(iterative_server: Server) -> 
 
 @pytest.mark.parametrize("model", ["countdown", "countdown_oldest"])
 def test_requests_at_different_iterations_run_in_one_batch(iterative_server: Server, model: str) -> None:
-    # Four requests of 103 steps, each execution 20 ms: later ones join the batch while earlier ones iterate.
-    requests: list[tuple[str, int, dict[str, Any]]] = [(str(n), 103, {}) for n in range(4)]
+    # Four requests of 31 steps, each execution 20 ms: later ones join the batch while earlier ones iterate.
+    requests: list[tuple[str, int, dict[str, Any]]] = [(str(n), 31, {}) for n in range(4)]
     got = _stream(iterative_server.grpc_url, model, requests, until_s=60.0)
     for request_id, _, _ in requests:
-        assert [row["LEFT"] for row, _ in got[request_id]] == list(range(102, -1, -1))
+        assert [row["LEFT"] for row, _ in got[request_id]] == list(range(30, -1, -1))
     assert max(row["BATCH"] for rows in got.values() for row, _ in rows) >= 2
 
 

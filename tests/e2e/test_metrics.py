@@ -25,7 +25,8 @@ from tritonclient.utils import InferenceServerException
 from edged.cli import main
 from edged.core.backend_api import CustomMetric, CustomMetricFamily
 from edged.core.stats import ExecutionTiming, ModelStatistics
-from edged.frontends.metrics import custom_family, parse_metrics_config
+from edged.frontends.metrics.config import parse_metrics_config
+from edged.frontends.metrics.endpoint import custom_family
 from edged.frontends.metrics.exposition import Family, render
 from edged.frontends.metrics.models import LatencyRecorder
 from edged.frontends.metrics.system import Nvml, read_cpu_times, read_memory

@@ -417,8 +417,8 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
         (late / "1").mkdir(parents=True)
         shutil.copy(staged / "late" / "config.pbtxt", late / "config.pbtxt")
         with (late / "1" / "model.onnx").open("wb") as handle:
-            for start in range(0, len(onnx), max(1, len(onnx) // 10)):
-                handle.write(onnx[start : start + max(1, len(onnx) // 10)])
+            for start in range(0, len(onnx), max(1, len(onnx) // 5)):
+                handle.write(onnx[start : start + max(1, len(onnx) // 5)])
                 handle.flush()
                 time.sleep(0.3)
                 assert ("late", "1") not in _index(client), "a folder being written was loaded"

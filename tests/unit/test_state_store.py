@@ -14,14 +14,23 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
-from edged.state import HistoryEvent, StateError, StateStore, default_state_dir
+from edged.state.directory import default_state_dir
 from edged.state.schema import Base
-from edged.state.store import BUSY_TIMEOUT_S, DB_NAME, alembic_config
+from edged.state.store import (
+    BUSY_TIMEOUT_S,
+    DB_NAME,
+    HEAD_REVISION,
+    HistoryEvent,
+    StateError,
+    StateStore,
+    alembic_config,
+)
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 TABLES: Final = {"alembic_version", "models", "model_versions", "transitions", "desired_models", "desired_versions"}
@@ -78,6 +87,42 @@ def test_migrations_match_the_models(tmp_path: Path) -> None:
     finally:
         engine.dispose()
     assert {"ix_transitions_model_id_id", "ix_transitions_model_id_version_id"} <= indexes
+
+
+def test_a_new_database_is_what_every_migration_makes(tmp_path: Path) -> None:
+    """A new database is created from the models and stamped, not migrated: it must be exactly what running every
+    migration from nothing gives, table for table and index for index."""
+    assert _head() == HEAD_REVISION
+    StateStore.open(tmp_path / "created").close()
+    migrated = tmp_path / "migrated" / DB_NAME
+    migrated.parent.mkdir()
+    engine = create_engine(f"sqlite:///{migrated}")
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(migrated)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    finally:
+        engine.dispose()
+    schema = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+
+    def normalized(db: Path) -> list[tuple[object, ...]]:
+        return [(*row[:3], "".join(str(row[3]).split())) for row in _query(db, schema)]
+
+    assert normalized(tmp_path / "created" / DB_NAME) == normalized(migrated)
+    assert _query(migrated, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+
+
+def test_a_database_at_head_opens_without_alembic(tmp_path: Path) -> None:
+    script = (
+        "import sys; from pathlib import Path; from edged.state.store import StateStore\n"
+        "for _ in range(2):\n"
+        "    StateStore.open(Path(sys.argv[1])).close()\n"
+        "    assert not any(name.startswith('alembic') for name in sys.modules), 'alembic was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert _query(tmp_path / DB_NAME, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 
 def test_opening_again_is_idempotent_and_keeps_everything(tmp_path: Path) -> None:
@@ -369,7 +414,7 @@ def test_threads_share_one_store(tmp_path: Path) -> None:
 CRASHING_WRITER: Final = """
 import sys
 from pathlib import Path
-from edged.state import StateStore
+from edged.state.store import StateStore
 
 store = StateStore.open(Path(sys.argv[1]))
 i = 0
@@ -395,7 +440,7 @@ def test_kill_9_mid_write_leaves_a_sound_database(tmp_path: Path, run: int) -> N
     committed = 0
     deadline = time.monotonic() + 60
     # Different points in the write loop on each run: the kill lands mid-transaction most of the time.
-    target = 300 + 137 * run
+    target = 40 + 53 * run
     try:
         while committed < target and time.monotonic() < deadline:
             line = writer.stdout.readline()
