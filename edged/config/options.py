@@ -183,7 +183,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         check=_check_repository,
         packaged='["/var/lib/edged/models"]',
     ),
-    Option("id", "str", "edged", "the server name reported by GET /v2", metavar="NAME"),
+    # Triton's default, so that health checks written for Triton that look for the server's name keep working.
+    Option("id", "str", "triton", "the server name reported by GET /v2 (server metadata)", metavar="NAME"),
     Option("http-address", "str", "0.0.0.0", "address the HTTP endpoint binds", metavar="ADDR"),
     _port("http-port", 8000, "HTTP (KServe v2) port"),
     Option("http-max-input-size", "int", 64 * MIB, "largest request body accepted, in bytes", low=1, metavar="BYTES"),

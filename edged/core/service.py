@@ -37,10 +37,13 @@ if TYPE_CHECKING:
     from edged.proto.model_config_pb2 import ModelConfig
     from edged.state.store import HistoryEvent
 
-# What this server implements of Triton's protocol extensions, as GET /v2 reports it.
+# What this server implements of Triton's protocol extensions, as GET /v2 reports it: Triton's names, in Triton's
+# order. Not "trace": edged records no traces, and its trace-setting routes say so (501).
 EXTENSIONS: tuple[str, ...] = (
     "classification",
+    "sequence",
     "model_repository",
+    "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
     "system_shared_memory",

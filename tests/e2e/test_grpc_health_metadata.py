@@ -121,7 +121,7 @@ def test_server_metadata(
 ) -> None:
     meta = grpc_client.get_server_metadata()
     http = client.get_server_metadata()
-    assert meta.name == http["name"] == "edged"
+    assert meta.name == http["name"] == "triton"
     assert meta.version == http["version"]
     assert list(meta.extensions) == http["extensions"]
     assert "statistics" in meta.extensions
