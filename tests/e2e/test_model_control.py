@@ -283,6 +283,24 @@ def test_override_paths_that_leave_the_model_are_refused(explicit: tuple[Server,
         # Nothing was written anywhere: not outside, not even a private copy.
         after = {p for p in tmp_path.rglob("*") if "edged.db" not in p.name}
         assert after - before <= {p for p in after if p.is_relative_to(state) and p.is_dir()}, key
+    # Names no file system holds (one component over 255 bytes): the load fails as Triton's does when it cannot
+    # write the files it was given, over both wires; nothing is left behind.
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    for key in ("1/" + "a" * 256, "1/" + "\u00e9" * 128, "1/" + "b" * 300 + "/model.py"):
+        before = {p for p in tmp_path.rglob("*")}
+        config = json.dumps({"name": "intruder", "backend": "python"})
+        body = {"parameters": {"config": config, f"file:{key}": base64.b64encode(b"x").decode()}}
+        reply = post_json(server.http_url, "/v2/repository/models/intruder/load", body)
+        error = json.loads(reply.body)["error"]
+        assert reply.status == 500, (key, error)
+        assert error.startswith("failed to load 'intruder', failed to poll from model repository: override file")
+        assert "a part of its path is longer than 255 bytes" in error and str(state) not in error
+        with pytest.raises(InferenceServerException) as info:
+            grpc.load_model("intruder", config=config, files={f"file:{key}": b"x"})
+        assert (info.value.status(), info.value.message()) == ("StatusCode.INTERNAL", error)
+        after = {p for p in tmp_path.rglob("*") if "edged.db" not in p.name}
+        assert after - before <= {p for p in after if p.is_relative_to(state) and p.is_dir()}, key
+    assert httpclient.InferenceServerClient(server.http_url).is_model_ready("served")
 
 
 def test_an_override_does_not_follow_links_out_of_the_model(

@@ -533,7 +533,7 @@ class ModelController:
         # The repository's files are the starting point only when no file is given: then only the config changes.
         origin_dir = source.path if source is not None and not files else None
         await asyncio.get_running_loop().run_in_executor(
-            self._load_pool, make_private_copy, destination, origin_dir, config_text, files
+            self._load_pool, make_private_copy, name, destination, origin_dir, config_text, files
         )
         return destination
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from edged.core.confined import PathOutsideRoot, make_dirs, remove_tree
+from edged.core.names import MAX_NAME_BYTES, printable
 from edged.core.repository.scan import is_version_name
 from edged.errors import EdgedError, ErrorCode
 
@@ -122,7 +123,20 @@ def override_path(key: str) -> PurePosixPath:
         raise _refused(key, "it is not a plain relative path ('..', '.' and empty components are refused)")
     if len(path.parts) < 2 or not is_version_name(path.parts[0]):
         raise _refused(key, "it must be inside a version folder, as <version>/<file>")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in path.parts):
+        # A name no file system here can hold: Triton fails the same load when it writes the file (INTERNAL).
+        raise UnwritableOverride(
+            f"override file 'file:{printable(key)}' cannot be written: a part of its path is longer than "
+            f"{MAX_NAME_BYTES} bytes"
+        )
     return path
+
+
+class UnwritableOverride(EdgedError):
+    """An override file that is allowed but cannot be written (a name too long, the disk full)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.INTERNAL, message)
 
 
 def check_override_sizes(files: dict[str, bytes]) -> None:
@@ -139,20 +153,39 @@ def check_override_sizes(files: dict[str, bytes]) -> None:
         total += size
 
 
-def make_private_copy(destination: Path, source: Path | None, config_text: str | None, files: dict[str, bytes]) -> None:
-    """A model folder at ``destination`` (which must not exist; its parent must): ``source``'s files when there is
-    one (hard links where the file system allows, copies otherwise; symbolic links are not carried over), then
-    ``config_text`` as its config.pbtxt and each override file. Removes what it made when anything fails."""
+def make_private_copy(
+    name: str, destination: Path, source: Path | None, config_text: str | None, files: dict[str, bytes]
+) -> None:
+    """A folder for model ``name`` at ``destination`` (which must not exist; its parent must): ``source``'s files
+    when there is one (hard links where the file system allows, copies otherwise; symbolic links are not carried
+    over), then ``config_text`` as its config.pbtxt and each override file. Removes what it made when anything
+    fails. A file that is allowed but cannot be written fails the load as Triton's does when it cannot write the
+    files it was given: INTERNAL, 'failed to poll from model repository'."""
+    try:
+        _make_private_copy(destination, source, config_text, files)
+    except UnwritableOverride as error:
+        raise EdgedError(
+            ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model repository: {error.message}"
+        ) from None
+
+
+def _make_private_copy(destination: Path, source: Path | None, config: str | None, files: dict[str, bytes]) -> None:
     paths = {key: override_path(key) for key in files}
     check_override_sizes(files)
     destination.mkdir(mode=0o700)
     try:
         if source is not None:
             _link_tree(source, destination)
-        if config_text is not None:
-            _write_new(destination, PurePosixPath("config.pbtxt"), config_text.encode(), replace=True)
+        if config is not None:
+            _write_new(destination, PurePosixPath("config.pbtxt"), config.encode(), replace=True)
         for key, content in files.items():
-            _write_new(destination, paths[key], content, replace=True)
+            try:
+                _write_new(destination, paths[key], content, replace=True)
+            except OSError as error:
+                # The reason only: the path is inside the state directory, which a client never sees.
+                raise UnwritableOverride(
+                    f"override file 'file:{printable(key)}' cannot be written: {error.strerror or error}"
+                ) from None
     except BaseException:
         remove_tree(destination.parent, destination)
         raise
@@ -216,4 +249,4 @@ def sync_directory(path: Path) -> None:
 
 
 def _refused(key: str, why: str) -> EdgedError:
-    return EdgedError(ErrorCode.INVALID_ARG, f"override file 'file:{key}' is refused: {why}")
+    return EdgedError(ErrorCode.INVALID_ARG, f"override file 'file:{printable(key)}' is refused: {why}")
