@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from edged import __version__
 from edged.config import ConfigError, add_serve_options, load, render, settings_from, template
 from edged.config.options import parse_bool
+from edged.core.access import Role, new_token
 
 __all__ = ["build_parser", "main", "parse_bool"]
 
@@ -40,6 +43,7 @@ def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
     check.add_argument("repository", type=Path, nargs="+")
     check.add_argument("--disable-auto-complete-config", action="store_true")
 
+    _add_token_commands(commands)
     commands.add_parser("devices", help="print the devices model instances can run on (CPUs, GPUs, plug-ins' NPUs)")
     commands.add_parser("version", help="print the version")
     return parser
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(problem)
         return 1 if problems else 0
+    if args.command == "token":
+        return _token(args)
     if args.command == "config" and args.template:
         print(template(), end="")
         return 0
@@ -88,3 +94,77 @@ def main(argv: list[str] | None = None) -> int:
     from edged.daemon import run
 
     return run(settings)
+
+
+# --- edged token ------------------------------------------------------------------------------------------------
+
+
+def _add_token_commands(commands: Any) -> None:
+    token = commands.add_parser(
+        "token",
+        help="create, list and revoke API tokens (kept in the state database)",
+        description="API tokens let clients call guarded APIs: send 'Authorization: Bearer <token>' over HTTP, or "
+        "the 'authorization' metadata over gRPC (tritonclient's headers= argument). Roles: viewer (read-only APIs), "
+        "operator (also model-repository, shared-memory, logging, trace), admin (also token management).",
+    )
+    token.add_argument("--state-dir", type=Path, help="the state directory (default: as edged serve finds it)")
+    token.add_argument("--config", help="the configuration file to read state_dir from")
+    actions = token.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="make a token and print it (the only time it is shown)")
+    create.add_argument("--name", required=True, help="a unique name, recorded as who made each change")
+    create.add_argument("--role", required=True, choices=[role.value for role in Role])
+    create.add_argument("--expires", metavar="DURATION", help="lifetime, e.g. 90d, 12h or 30m (default: none)")
+    actions.add_parser("list", help="list the tokens (never their secrets)")
+    revoke = actions.add_parser("revoke", help="revoke a token by name (within 2 s for a running edged)")
+    revoke.add_argument("name")
+
+
+def _token(args: argparse.Namespace) -> int:
+    from edged.state.store import StateError, StateStore
+
+    try:
+        state_dir = _state_dir(args)
+        expires = _expiry(args.expires) if args.action == "create" else None
+        with StateStore.open(state_dir) as store:
+            if args.action == "create":
+                made = new_token(args.name, Role(args.role), expires)
+                store.add_token(made.record)
+                print(made.secret)
+                print(f"edged: token '{args.name}' ({args.role}) created; it is not shown again", file=sys.stderr)
+            elif args.action == "list":
+                now = datetime.now(UTC)
+                print(f"{'NAME':24} {'ROLE':9} {'STATE':8} {'CREATED':26} EXPIRES")
+                for record in store.tokens():
+                    state = "revoked" if record.revoked_at else "active"
+                    if state == "active" and record.expires_at is not None and record.expires_at <= now:
+                        state = "expired"
+                    expires_text = record.expires_at.isoformat(timespec="seconds") if record.expires_at else "never"
+                    created = record.created_at.isoformat(timespec="seconds")
+                    print(f"{record.name:24} {record.role:9} {state:8} {created:26} {expires_text}")
+            elif not store.revoke_token(args.name):
+                print(f"edged: no active token named '{args.name}'", file=sys.stderr)
+                return 1
+    except (ConfigError, StateError, ValueError) as error:
+        print(f"edged: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    from edged.state.directory import default_state_dir
+
+    if args.state_dir is not None:
+        return Path(args.state_dir).resolve()
+    layered = load(["--config", args.config] if args.config else [], os.environ)
+    configured = layered.values.get("state_dir")
+    return Path(configured).resolve() if configured else default_state_dir(os.environ)
+
+
+def _expiry(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    units = {"d": 86400, "h": 3600, "m": 60}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.isdigit() or int(number) == 0:
+        raise ValueError(f"--expires: expected a duration such as 90d, 12h or 30m, got '{text}'")
+    return datetime.now(UTC) + timedelta(seconds=int(number) * units[unit])

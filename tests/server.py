@@ -83,7 +83,8 @@ def _is_live(port: int) -> bool:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
         conn.request("GET", "/v2/health/live")
-        return conn.getresponse().status == 200
+        # 401/403: the endpoint answers, and the daemon guards its health API (--guarded-apis, restricted APIs).
+        return conn.getresponse().status in (200, 401, 403)
     except OSError:
         return False
     finally:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from edged.core.access import parse_categories, parse_restricted
 from edged.frontends.metrics.config import parse_metrics_config
 
 ENV_PREFIX: Final = "EDGED_"
@@ -43,6 +44,14 @@ def _check_backend_config(value: Any) -> None:
         raise ValueError(f"expected [BACKEND,]KEY=VALUE, got '{value}'")
     if not backend and key == "default-max-batch-size" and not item.isdigit():
         raise ValueError(f"default-max-batch-size must be a non-negative integer, got '{item}'")
+
+
+def _check_restricted(value: Any) -> None:
+    parse_restricted(str(value), grpc=False)
+
+
+def _check_categories(value: Any) -> None:
+    parse_categories(str(value))
 
 
 def _check_metrics_config(value: Any) -> None:
@@ -269,6 +278,41 @@ OPTIONS: Final[tuple[Option, ...]] = (
         low=1,
         high=2**31 - 1,
         metavar="BYTES",
+    ),
+    # --- access control (edged.core.access; README "Securing edged") ---
+    Option(
+        "http-restricted-api",
+        "str",
+        [],
+        "Triton's restricted APIs over HTTP: these categories need header KEY with VALUE (repeatable)",
+        repeatable=True,
+        metavar="APIS:KEY=VALUE",
+        check=_check_restricted,
+    ),
+    Option(
+        "grpc-restricted-protocol",
+        "str",
+        [],
+        "Triton's restricted protocols over gRPC: these categories need metadata triton-grpc-protocol-KEY with VALUE "
+        "(repeatable)",
+        repeatable=True,
+        metavar="APIS:KEY=VALUE",
+        check=_check_restricted,
+    ),
+    Option(
+        "guarded-apis",
+        "str",
+        "model-repository,shared-memory,logging,trace",
+        "API categories a client needs an API token for (or to be on loopback, when trusted): a list, all or none",
+        metavar="APIS",
+        check=_check_categories,
+    ),
+    Option(
+        "trust-loopback",
+        "bool",
+        True,
+        "let clients on the loopback interface (tools on the device) call guarded APIs without a token",
+        metavar="BOOL",
     ),
     Option(
         "allow-client-shm",

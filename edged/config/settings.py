@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from edged.config.options import BY_KEY, OPTIONS
+from edged.core.access import AccessOptions, Category, parse_categories, parse_restricted
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
 
@@ -38,6 +39,7 @@ class Settings:
     grpc_handshake_timeout_secs: float
     grpc_idle_timeout_secs: float
     grpc_max_message_size: int
+    access: AccessOptions
     allow_client_shm: bool
     allow_metrics: bool
     metrics_address: str | None
@@ -103,6 +105,7 @@ class Settings:
             "state_dir": Path(state_dir).resolve() if state_dir is not None else default_state_dir(environ),
             "default_max_batch_size": default_max_batch_size,
             "backend_config": backend_config,
+            "access": access_options(values),
             "config_file": config_file,
         }
         plain: dict[str, Any] = {
@@ -122,7 +125,33 @@ DERIVED: Final = {
     "load_model": "load_models",
     "state_dir": "state_dir",
     "backend_config": "backend_config",
+    "http_restricted_api": "access",
+    "grpc_restricted_protocol": "access",
+    "guarded_apis": "access",
+    "trust_loopback": "access",
 }
+
+
+def access_options(values: Mapping[str, Any]) -> AccessOptions:
+    """The access policy's options; ValueError when a category is in two restricted groups of one wire."""
+    options = AccessOptions(
+        http_restricted=tuple(parse_restricted(text, grpc=False) for text in values["http_restricted_api"]),
+        grpc_restricted=tuple(parse_restricted(text, grpc=True) for text in values["grpc_restricted_protocol"]),
+        guarded=parse_categories(values["guarded_apis"]),
+        trust_loopback=values["trust_loopback"],
+    )
+    for flag, groups in (
+        ("--http-restricted-api", options.http_restricted),
+        ("--grpc-restricted-protocol", options.grpc_restricted),
+    ):
+        seen: set[Category] = set()
+        for group in groups:
+            twice = seen & group.categories
+            if twice:
+                names = ", ".join(sorted(category.value for category in twice))
+                raise ValueError(f"{flag}: {names} is in more than one restricted group")
+            seen |= group.categories
+    return options
 
 
 def parse_backend_config(values: list[str]) -> dict[str, dict[str, str]]:

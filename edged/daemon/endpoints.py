@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from edged.core.access import AccessPolicy, Category
+from edged.frontends.access import AccessMiddleware
 from edged.frontends.grpc import GrpcOptions, GrpcServer
 from edged.frontends.http import (
     ConnectionLimits,
@@ -22,6 +24,7 @@ from edged.frontends.http import (
     LimitedHttpProtocol,
     create_http_app,
 )
+from edged.frontends.http.access import http_category
 from edged.frontends.metrics.endpoint import MetricsCollector, create_metrics_app
 
 if TYPE_CHECKING:
@@ -143,24 +146,26 @@ class UvicornEndpoint:
 
 
 def http_endpoint(
-    settings: Settings, service: InferenceService, sock: socket.socket, refused: Counter
+    settings: Settings, service: InferenceService, sock: socket.socket, refused: Counter, access: AccessPolicy
 ) -> UvicornEndpoint:
     options = HttpOptions(max_input_size=settings.http_max_input_size)
-    protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused)
-    config = _uvicorn_config(create_http_app(service, options), settings, protocol)
+    # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
+    fast_infer = access.is_open(Category.INFERENCE, "http")
+    protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
+    app = AccessMiddleware(create_http_app(service, options), access, "http", http_category)
+    config = _uvicorn_config(app, settings, protocol)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
 
 
 def metrics_endpoint(
-    settings: Settings, collector: MetricsCollector, sock: socket.socket, refused: Counter
+    settings: Settings, collector: MetricsCollector, sock: socket.socket, refused: Counter, access: AccessPolicy
 ) -> UvicornEndpoint:
     limits = dataclasses.replace(
         connection_limits(settings), max_connections=METRICS_MAX_CONNECTIONS, max_body_size=METRICS_MAX_BODY_SIZE
     )
     protocol = LimitedHttpProtocol.limited(limits, "metrics", refused)
-    return UvicornEndpoint(
-        "the metrics endpoint", _uvicorn_config(create_metrics_app(collector), settings, protocol), sock
-    )
+    app = AccessMiddleware(create_metrics_app(collector), access, "metrics", lambda _method, _path: Category.METRICS)
+    return UvicornEndpoint("the metrics endpoint", _uvicorn_config(app, settings, protocol), sock)
 
 
 class SystemMetricsPart:
@@ -184,9 +189,10 @@ class SystemMetricsPart:
 class GrpcEndpoint:
     name = "the gRPC endpoint"
 
-    def __init__(self, settings: Settings, service: InferenceService) -> None:
+    def __init__(self, settings: Settings, service: InferenceService, access: AccessPolicy) -> None:
         self._settings = settings
         self._service = service
+        self._access = access
         self.server: GrpcServer | None = None
 
     async def start(self) -> None:
@@ -199,7 +205,7 @@ class GrpcEndpoint:
             idle_timeout_s=settings.grpc_idle_timeout_secs,
         )
         try:
-            self.server = GrpcServer(self._service, settings.grpc_address, settings.grpc_port, options)
+            self.server = GrpcServer(self._service, settings.grpc_address, settings.grpc_port, options, self._access)
         except RuntimeError as exc:
             # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.
             raise StartupError(f"the gRPC endpoint failed to start: {exc}") from None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from edged import __version__
 from edged.backends import BackendRegistry
+from edged.core.access import AccessPolicy, TokenVerifier
 from edged.core.devices import DeviceInventory
 from edged.core.repository.control import ControlMode, ControlOptions, ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
@@ -47,6 +48,7 @@ from edged.daemon.parts import Part, Parts
 from edged.daemon.reload import read_settings, reload
 from edged.daemon.signals import Signals
 from edged.daemon.systemd import ServiceNotifier
+from edged.frontends.access import access_refusal_counter, counting
 from edged.frontends.http import refusal_counter
 from edged.frontends.metrics.endpoint import MetricsCollector, edged_registry
 from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
@@ -82,6 +84,7 @@ class Core:
     # edged's own metrics (edged_*), beside Triton's on /metrics, and the counters the parts update.
     registry: CollectorRegistry
     refused: Counter
+    access: AccessPolicy
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -138,7 +141,10 @@ class Core:
         backends.attach(service)
         registry = edged_registry()
         refused = refusal_counter(registry)
-        return cls(executor, backends, latencies, manager, controller, shared_memory, service, registry, refused)
+        access = AccessPolicy(settings.access, TokenVerifier(store), counting(access_refusal_counter(registry)))
+        return cls(
+            executor, backends, latencies, manager, controller, shared_memory, service, registry, refused, access
+        )
 
     def status(self, endpoints: str) -> str:
         """``3/3 models ready; HTTP :8000, gRPC :8001, metrics :8002``: what ``systemctl status`` shows."""
@@ -306,7 +312,7 @@ def _parts(
     yield sockets
     yield ModelsPart(core, settings)
     assert sockets.http is not None
-    http = http_endpoint(settings, core.service, sockets.http, core.refused)
+    http = http_endpoint(settings, core.service, sockets.http, core.refused, core.access)
     endpoints.append(http)
     yield http
     if settings.allow_metrics:
@@ -317,11 +323,11 @@ def _parts(
         yield SystemMetricsPart(system)
         families = ModelMetrics(core.service, settings.metrics_config, core.latencies)
         collector = MetricsCollector(families, system, core.backends.custom_metrics, core.registry)
-        metrics = metrics_endpoint(settings, collector, sockets.metrics, core.refused)
+        metrics = metrics_endpoint(settings, collector, sockets.metrics, core.refused, core.access)
         endpoints.append(metrics)
         yield metrics
     if settings.allow_grpc:
-        yield GrpcEndpoint(settings, core.service)
+        yield GrpcEndpoint(settings, core.service, core.access)
     yield readiness
 
 

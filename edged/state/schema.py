@@ -99,6 +99,25 @@ class Transition(Base):
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(UTCDateTime)
     duration_s: Mapped[float | None]
+    # Who asked, for the changes a request caused: "token:<name>", "loopback", "restricted-header", "anonymous";
+    # NULL for the daemon's own (start-up, poll, reload).
+    actor: Mapped[str | None] = mapped_column(String)
+
+
+class ApiToken(Base):
+    """An API token: its public id (the part of the token a lookup uses), a unique name, a role, and the SHA-256
+    of its secret; the secret itself is shown once, when it is made, and never stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_id: Mapped[str] = mapped_column(String, unique=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+    role: Mapped[str] = mapped_column(String)
+    secret_sha256: Mapped[str] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class DesiredModel(Base):

@@ -29,7 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 import edged
-from edged.state.schema import Base, DesiredModel, DesiredVersion, Model, ModelVersion, Transition
+from edged.state.schema import ApiToken, Base, DesiredModel, DesiredVersion, Model, ModelVersion, Transition
 
 if TYPE_CHECKING:
     import sqlite3
@@ -42,7 +42,7 @@ MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 # The schema revision of this edged (the newest in migrations/versions; a test holds them equal). A database at it,
 # or a new one, opens without Alembic, whose import alone takes a fifth of a second of every start on a small device;
 # Alembic runs only to upgrade an older database or to refuse one it cannot place.
-HEAD_REVISION: Final = "0001"
+HEAD_REVISION: Final = "0002"
 # The table in which Alembic keeps a database's revision, as Alembic itself creates it.
 _VERSION_TABLE: Final = (
     "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
@@ -81,6 +81,20 @@ class HistoryEvent:
     reason: str
     at: datetime  # tz-aware, UTC
     duration_s: float | None
+    actor: str | None = None  # who asked ("token:<name>", "loopback", ...); None for the daemon's own changes
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """An API token as stored: never its secret, only the secret's SHA-256."""
+
+    token_id: str
+    name: str
+    role: str
+    secret_sha256: str
+    created_at: datetime  # tz-aware, UTC
+    expires_at: datetime | None
+    revoked_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +234,7 @@ class StateStore:
         source: str,
         reason: str = "",
         duration_s: float | None = None,
+        actor: str | None = None,
     ) -> HistoryEvent:
         """Records a state change of a model (``version`` None) or of one version; returns it as stored."""
         if duration_s is not None and not duration_s >= 0:  # "not >=" also refuses NaN
@@ -243,6 +258,7 @@ class StateStore:
                 reason=reason,
                 at=now,
                 duration_s=duration_s,
+                actor=actor,
             )
             session.add(row)
             session.flush()  # assigns row.id
@@ -311,6 +327,47 @@ class StateStore:
                     DesiredModel.model_id == select(Model.id).where(Model.name == name).scalar_subquery()
                 )
             )
+
+    # --- API tokens -----------------------------------------------------------------------------------------
+
+    def add_token(self, token: TokenRecord) -> None:
+        """Stores a new token; StateError if its name (or, by a one-in-2**64 chance, its id) is taken."""
+        try:
+            with self._session(write=True) as session:
+                session.add(
+                    ApiToken(
+                        token_id=token.token_id,
+                        name=token.name,
+                        role=token.role,
+                        secret_sha256=token.secret_sha256,
+                        created_at=token.created_at,
+                        expires_at=token.expires_at,
+                        revoked_at=token.revoked_at,
+                    )
+                )
+        except StateError as error:
+            if "UNIQUE constraint failed" in str(error):
+                raise StateError(f"a token named '{token.name}' exists already") from None
+            raise
+
+    def tokens(self) -> list[TokenRecord]:
+        """Every token, revoked and expired ones too, oldest first."""
+        with self._session(write=False) as session:
+            return [_token(row) for row in session.scalars(select(ApiToken).order_by(ApiToken.id))]
+
+    def find_token(self, token_id: str) -> TokenRecord | None:
+        with self._session(write=False) as session:
+            row = session.scalar(select(ApiToken).where(ApiToken.token_id == token_id))
+            return None if row is None else _token(row)
+
+    def revoke_token(self, name: str) -> bool:
+        """Revokes the token called ``name``; False when there is none (or it was revoked already)."""
+        with self._session(write=True) as session:
+            row = session.scalar(select(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None)))
+            if row is None:
+                return False
+            row.revoked_at = _now()
+            return True
 
     # --- maintenance -----------------------------------------------------------------------------------------
 
@@ -446,6 +503,13 @@ def _event(row: Transition, name: str) -> HistoryEvent:
         reason=row.reason,
         at=row.at,
         duration_s=row.duration_s,
+        actor=row.actor,
+    )
+
+
+def _token(row: ApiToken) -> TokenRecord:
+    return TokenRecord(
+        row.token_id, row.name, row.role, row.secret_sha256, row.created_at, row.expires_at, row.revoked_at
     )
 
 

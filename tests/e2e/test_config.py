@@ -220,6 +220,9 @@ def test_every_option_reaches_the_settings(tmp_path: Path) -> None:
         "backend_config": ["python,k=v"],
         "metrics_address": "127.0.0.2",
         "model_control_mode": "poll",
+        "http_restricted_api": ["logging:k=v"],
+        "grpc_restricted_protocol": ["logging:k=v"],
+        "guarded_apis": "none",
     }
     for option in OPTIONS:
         value = changed.get(option.key)

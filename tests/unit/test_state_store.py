@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -33,7 +34,15 @@ from edged.state.store import (
 )
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
-TABLES: Final = {"alembic_version", "models", "model_versions", "transitions", "desired_models", "desired_versions"}
+TABLES: Final = {
+    "alembic_version",
+    "models",
+    "model_versions",
+    "transitions",
+    "desired_models",
+    "desired_versions",
+    "api_tokens",
+}
 
 
 def _head() -> str:
@@ -49,6 +58,22 @@ def _query(db: Path, sql: str) -> list[tuple[object, ...]]:
         return connection.execute(sql).fetchall()
     finally:
         connection.close()
+
+
+def _structure(db: Path) -> dict[str, object]:
+    """What a schema is, whatever order its columns were added in (ALTER TABLE ADD COLUMN appends): each table's
+    columns, indexes, foreign keys and CHECK constraints, and which tables count with AUTOINCREMENT."""
+    found: dict[str, object] = {}
+    for name, sql in _query(db, "SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+        columns = sorted(row[1:] for row in _query(db, f"PRAGMA table_xinfo('{name}')"))
+        indexes = sorted(
+            (unique, tuple(column for _, _, column in _query(db, f"PRAGMA index_info('{index}')")))
+            for _, index, unique, *_ in _query(db, f"PRAGMA index_list('{name}')")
+        )
+        keys = sorted(row[2:] for row in _query(db, f"PRAGMA foreign_key_list('{name}')"))
+        checks = sorted(re.findall(r"CHECK \((.*?)\)[,\n]", str(sql)))
+        found[str(name)] = (columns, indexes, keys, checks, "AUTOINCREMENT" in str(sql))
+    return found
 
 
 def _check_chain(events: list[HistoryEvent]) -> None:
@@ -104,12 +129,7 @@ def test_a_new_database_is_what_every_migration_makes(tmp_path: Path) -> None:
             command.upgrade(config, "head")
     finally:
         engine.dispose()
-    schema = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
-
-    def normalized(db: Path) -> list[tuple[object, ...]]:
-        return [(*row[:3], "".join(str(row[3]).split())) for row in _query(db, schema)]
-
-    assert normalized(tmp_path / "created" / DB_NAME) == normalized(migrated)
+    assert _structure(tmp_path / "created" / DB_NAME) == _structure(migrated)
     assert _query(migrated, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 

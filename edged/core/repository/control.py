@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edged.core.access import ACTOR
 from edged.core.names import model_name_problem, printable
 from edged.core.repository.files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
@@ -578,7 +579,9 @@ class ModelController:
         *,
         duration_s: float | None = None,
     ) -> None:
-        self._records.transition(name, version, state, origin.value, reason, duration_s)
+        # Who asked, for the changes a request made (edged.core.access.ACTOR); the daemon's own changes have nobody.
+        actor = ACTOR.get() if origin is Origin.API else None
+        self._records.transition(name, version, state, origin.value, reason, duration_s, actor)
 
 
 def _is_ensemble(model_dir: Path) -> bool:

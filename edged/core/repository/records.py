@@ -37,10 +37,17 @@ class ControlRecords:
     # --- queued ---------------------------------------------------------------------------------------------
 
     def transition(
-        self, name: str, version: int | None, state: str, origin: str, reason: str, duration_s: float | None
+        self,
+        name: str,
+        version: int | None,
+        state: str,
+        origin: str,
+        reason: str,
+        duration_s: float | None,
+        actor: str | None = None,
     ) -> None:
         if self._store is not None:
-            self._queue(self._store.transition, name, version, state, origin, reason, duration_s)
+            self._queue(self._store.transition, name, version, state, origin, reason, duration_s, actor)
 
     def seen(self, name: str, path: str, version: int, digest: str, size: int) -> None:
         if self._store is not None:

@@ -24,6 +24,7 @@ import grpc
 
 from edged.errors import EdgedError, ErrorCode, invalid_arg, unsupported
 from edged.frontends import kserve
+from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
 from edged.frontends.grpc.codec import (
     ENABLE_EMPTY_FINAL_RESPONSE,
     FINAL_RESPONSE,
@@ -38,6 +39,7 @@ from edged.proto import grpc_service_pb2_grpc as pb_grpc
 from edged.proto import health_pb2, health_pb2_grpc
 
 if TYPE_CHECKING:
+    from edged.core.access import AccessPolicy
     from edged.core.service import InferenceService, ModelHandle
 
 log = logging.getLogger(__name__)
@@ -457,8 +459,15 @@ def bind_address(address: str, port: int) -> str:
 class GrpcServer:
     """The gRPC endpoint: both services on one grpc.aio server, on the running event loop."""
 
-    def __init__(self, service: InferenceService, address: str, port: int, options: GrpcOptions) -> None:
-        """Binds the address; raises RuntimeError when it cannot be bound."""
+    def __init__(
+        self,
+        service: InferenceService,
+        address: str,
+        port: int,
+        options: GrpcOptions,
+        access: AccessPolicy | None = None,
+    ) -> None:
+        """Binds the address; raises RuntimeError when it cannot be bound. ``access``: the policy every RPC passes."""
         self.address = bind_address(address, port)
         self._options = options
         self._server = grpc.aio.server(
@@ -475,8 +484,12 @@ class GrpcServer:
             ]
         )
         self._servicer = InferenceServicer(service)
+        health = HealthServicer(service)
+        if access is not None:
+            guard(self._servicer, access, INFERENCE_SERVICE)
+            guard(health, access, HEALTH_SERVICE)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(health, self._server)
         self._server.add_insecure_port(self.address)
 
     async def start(self) -> None:

@@ -100,12 +100,21 @@ class InferHttpProtocol(LimitedHttpProtocol):
 
     service: ClassVar[InferenceService]
     options: ClassVar[HttpOptions]
+    # False when inference is not open to every client: then every request goes through the ASGI app, where the
+    # access policy is asked.
+    fast_infer: ClassVar[bool]
 
     @classmethod
     def serving(
-        cls, service: InferenceService, options: HttpOptions, limits: ConnectionLimits, refused: Counter | None = None
+        cls,
+        service: InferenceService,
+        options: HttpOptions,
+        limits: ConnectionLimits,
+        refused: Counter | None = None,
+        *,
+        fast_infer: bool = True,
     ) -> type[LimitedHttpProtocol]:
-        return cls.limited(limits, "HTTP", refused, service=service, options=options)
+        return cls.limited(limits, "HTTP", refused, service=service, options=options, fast_infer=fast_infer)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -167,7 +176,7 @@ class InferHttpProtocol(LimitedHttpProtocol):
 
     def _own_request(self) -> re.Match[bytes] | None:
         """The path's match when this request is one the protocol answers itself."""
-        if self.parser.get_method() != b"POST" or self.expect_100_continue:
+        if not self.fast_infer or self.parser.get_method() != b"POST" or self.expect_100_continue:
             return None
         if self.parser.get_http_version() != "1.1" or self.parser.should_upgrade():
             return None

@@ -322,6 +322,7 @@ async def model_history(request: Request[Any, Any, Any], model: str | None = Non
                     "reason": event.reason,
                     "at": event.at.isoformat(),
                     "duration_s": event.duration_s,
+                    "actor": event.actor,
                 }
                 for event in events
             ],

@@ -1,0 +1,364 @@
+"""Who may call what: the access policy every frontend asks before it serves a request.
+
+Requests fall in Triton's API categories (``Category``), plus the metrics port. A request is let through by, in
+order:
+
+1. **Triton's restricted APIs** (``--http-restricted-api`` / ``--grpc-restricted-protocol``): a category in such a
+   group needs its header with its value, whoever sends it, exactly as Triton asks (a deployment written for Triton
+   keeps its configuration and its clients). The header is then also who asked ("restricted-header").
+2. **Guarded categories** (by default the ones that change the server: model-repository, shared-memory, logging,
+   trace): a client needs an API token whose role grants the category, or a client certificate mapped to such a
+   role, or to be on the loopback interface (tools on the device itself) while loopback is trusted.
+3. Every other category is open: inference, health and metadata stay reachable for every Triton client.
+
+A token presented where none is needed is not checked (the hot inference path pays nothing); a token presented for
+a guarded category must be valid. Secrets are compared in constant time and never logged. Tokens live in the state
+database (``edged token``); a revoked token stops working within ``TOKEN_CACHE_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import ipaddress
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final, Literal, Protocol
+
+if TYPE_CHECKING:
+    from edged.state.store import TokenRecord
+
+log = logging.getLogger("edged.access")
+
+# Who asked for what is being served ("token:<name>", "loopback", ...): set by the frontend that let the request in,
+# read where model changes are recorded. A context variable, because a load passes through the service, the control
+# and the manager, none of which has a reason to know about callers, and the history needs it only at the end.
+ACTOR: ContextVar[str | None] = ContextVar("edged_actor", default=None)
+
+TOKEN_PREFIX: Final = "edged_"
+# How long a looked-up token is trusted before the database is asked again.
+TOKEN_CACHE_S: Final = 2.0
+
+
+class Category(enum.Enum):
+    """Triton's API categories (as ``--http-restricted-api`` names them), and the metrics port."""
+
+    HEALTH = "health"
+    METADATA = "metadata"
+    INFERENCE = "inference"
+    SHARED_MEMORY = "shared-memory"
+    MODEL_CONFIG = "model-config"
+    MODEL_REPOSITORY = "model-repository"
+    STATISTICS = "statistics"
+    TRACE = "trace"
+    LOGGING = "logging"
+    METRICS = "metrics"
+
+
+# Triton's categories: the ones a restricted-API group may name.
+TRITON_CATEGORIES: Final = frozenset(Category) - {Category.METRICS}
+GUARDED_BY_DEFAULT: Final = frozenset(
+    {Category.MODEL_REPOSITORY, Category.SHARED_MEMORY, Category.LOGGING, Category.TRACE}
+)
+
+
+class Role(enum.Enum):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+_READ_ONLY: Final = frozenset(
+    {
+        Category.HEALTH,
+        Category.METADATA,
+        Category.INFERENCE,
+        Category.MODEL_CONFIG,
+        Category.STATISTICS,
+        Category.METRICS,
+    }
+)
+# viewer: what changes nothing; operator: also what changes the server; admin: also who may (token management).
+GRANTS: Final[Mapping[Role, frozenset[Category]]] = {
+    Role.VIEWER: _READ_ONLY,
+    Role.OPERATOR: frozenset(Category),
+    Role.ADMIN: frozenset(Category),
+}
+
+
+class Refusal(enum.Enum):
+    """Why a request was refused; each frontend answers it in its own wire's terms."""
+
+    RESTRICTED = "restricted"  # Triton's restricted API: HTTP 403, gRPC UNAVAILABLE (as Triton answers)
+    UNAUTHENTICATED = "unauthenticated"  # no valid credentials: HTTP 401, gRPC UNAUTHENTICATED
+    FORBIDDEN = "forbidden"  # valid credentials, a role without the category: HTTP 403, gRPC PERMISSION_DENIED
+
+
+class AccessDenied(Exception):
+    def __init__(self, refusal: Refusal, message: str, *, header: str | None = None) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+        self.message = message
+        self.header = header
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """What a frontend knows of who sent a request. ``headers``: lower-case names (gRPC metadata or HTTP headers);
+    ``peer``: the client's IP address; ``certificate``: the subject CN of a verified client certificate."""
+
+    wire: Literal["http", "grpc", "metrics"]
+    peer: str | None
+    headers: Mapping[str, str]
+    certificate: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RestrictedGroup:
+    """One ``<categories>:<key>=<value>`` of Triton's restricted-API flags."""
+
+    categories: frozenset[Category]
+    key: str
+    value: str
+
+
+def parse_restricted(text: str, *, grpc: bool) -> RestrictedGroup:
+    """``model-repository,logging:admin-key=secret`` -> RestrictedGroup; ValueError says what is wrong. For gRPC the
+    header clients send is ``triton-grpc-protocol-<key>``, as in Triton."""
+    apis, colon, setting = text.partition(":")
+    key, equals, value = setting.partition("=")
+    if not colon or not equals or not apis or not key.strip():
+        raise ValueError(f"expected <apis>:<key>=<value>, got '{text}'")
+    categories: set[Category] = set()
+    for name in apis.split(","):
+        try:
+            category = Category(name.strip())
+        except ValueError:
+            category = Category.METRICS
+        if category not in TRITON_CATEGORIES:
+            known = ", ".join(sorted(c.value for c in TRITON_CATEGORIES))
+            raise ValueError(f"unknown API '{name.strip()}' (known: {known})") from None
+        categories.add(category)
+    header = key.strip().lower()
+    return RestrictedGroup(frozenset(categories), f"triton-grpc-protocol-{header}" if grpc else header, value)
+
+
+def parse_categories(text: str) -> frozenset[Category]:
+    """``--guarded-apis``: a comma-separated list of categories, ``all`` or ``none``."""
+    words = [word.strip() for word in text.split(",") if word.strip()]
+    if words == ["none"]:
+        return frozenset()
+    if words == ["all"]:
+        return frozenset(Category)
+    found = set()
+    for word in words:
+        try:
+            found.add(Category(word))
+        except ValueError:
+            known = ", ".join(c.value for c in Category)
+            raise ValueError(f"unknown API '{word}' (known: {known}, or all / none)") from None
+    return frozenset(found)
+
+
+# --- tokens ---------------------------------------------------------------------------------------------------
+
+
+class TokenStore(Protocol):
+    def find_token(self, token_id: str) -> TokenRecord | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NewToken:
+    """A token just made: ``secret`` is the whole token a client sends, shown once; ``record`` what is stored."""
+
+    secret: str
+    record: TokenRecord
+
+
+def new_token(name: str, role: Role, expires_at: datetime | None) -> NewToken:
+    """``edged_<id>_<secret>``: the id finds the record, the secret (256 random bits) proves the holder. Only the
+    secret's SHA-256 is stored: a random secret of that length needs no slow hash to resist guessing."""
+    from edged.state.store import TokenRecord
+
+    token_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    record = TokenRecord(token_id, name, role.value, _digest(secret), datetime.now(UTC), expires_at, None)
+    return NewToken(f"{TOKEN_PREFIX}{token_id}_{secret}", record)
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` header (any case of "Bearer"), or None."""
+    value = headers.get("authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+@dataclass
+class _Cached:
+    record: TokenRecord | None
+    until: float
+
+
+@dataclass
+class TokenVerifier:
+    """Checks presented tokens against the store, keeping each lookup for TOKEN_CACHE_S seconds."""
+
+    store: TokenStore | None
+    clock: Callable[[], float] = time.monotonic
+    _cache: dict[str, _Cached] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def verify(self, token: str) -> TokenRecord | None:
+        """The valid (known, unrevoked, unexpired) token's record, or None."""
+        if not token.startswith(TOKEN_PREFIX) or self.store is None:
+            return None
+        token_id, _, secret = token.removeprefix(TOKEN_PREFIX).partition("_")
+        if not token_id or not secret:
+            return None
+        record = self._lookup(token_id)
+        if record is None or not hmac.compare_digest(record.secret_sha256, _digest(secret)):
+            return None
+        if record.revoked_at is not None:
+            return None
+        if record.expires_at is not None and record.expires_at <= datetime.now(UTC):
+            return None
+        return record
+
+    def _lookup(self, token_id: str) -> TokenRecord | None:
+        now = self.clock()
+        with self._lock:
+            cached = self._cache.get(token_id)
+            if cached is not None and cached.until > now:
+                return cached.record
+        assert self.store is not None
+        record = self.store.find_token(token_id)
+        with self._lock:
+            if len(self._cache) > 4096:  # ids made up by clients must not grow it without bound
+                self._cache.clear()
+            self._cache[token_id] = _Cached(record, now + TOKEN_CACHE_S)
+        return record
+
+
+# --- the policy -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AccessOptions:
+    http_restricted: tuple[RestrictedGroup, ...] = ()
+    grpc_restricted: tuple[RestrictedGroup, ...] = ()
+    guarded: frozenset[Category] = GUARDED_BY_DEFAULT
+    trust_loopback: bool = True
+    # Subject CN of a verified client certificate -> its role (a device identity).
+    certificate_roles: Mapping[str, Role] = field(default_factory=dict)
+
+
+class AccessPolicy:
+    """``check(category, caller)`` returns who asked (for the model history) or raises AccessDenied. Every refusal
+    is logged with the client's address and reported to ``on_refused(wire, category, refusal)`` (a counter)."""
+
+    def __init__(
+        self,
+        options: AccessOptions,
+        tokens: TokenVerifier,
+        on_refused: Callable[[str, Category, Refusal], None] | None = None,
+    ) -> None:
+        self._options = options
+        self._tokens = tokens
+        self._on_refused = on_refused
+        self._restricted = {
+            "http": _by_category(options.http_restricted),
+            "grpc": _by_category(options.grpc_restricted),
+            "metrics": {},
+        }
+
+    def is_open(self, category: Category, wire: str) -> bool:
+        """Whether every caller may use ``category`` over ``wire`` (nothing to check, nothing to record)."""
+        return category not in self._restricted[wire] and category not in self._options.guarded
+
+    def check(self, category: Category, caller: Caller) -> str:
+        try:
+            return self._check(category, caller)
+        except AccessDenied as denied:
+            log.warning(
+                "refused %s request (%s) from %s: %s",
+                caller.wire,
+                category.value,
+                caller.peer or "an unknown address",
+                denied.message,
+            )
+            if self._on_refused is not None:
+                self._on_refused(caller.wire, category, denied.refusal)
+            raise
+
+    def _check(self, category: Category, caller: Caller) -> str:
+        group = self._restricted[caller.wire].get(category)
+        if group is not None:
+            presented = caller.headers.get(group.key)
+            if presented is None or not hmac.compare_digest(presented.encode(), group.value.encode()):
+                what = "protocol" if caller.wire == "grpc" else "API"
+                raise AccessDenied(
+                    Refusal.RESTRICTED, f"This {what} is restricted, expecting header '{group.key}'", header=group.key
+                )
+            return "restricted-header"
+        if category not in self._options.guarded:
+            return _open_actor(caller)
+        token = bearer(caller.headers)
+        if token is not None:
+            record = self._tokens.verify(token)
+            if record is None:
+                raise AccessDenied(Refusal.UNAUTHENTICATED, "the API token is not valid (unknown, revoked or expired)")
+            return self._granted(category, Role(record.role), f"token:{record.name}")
+        role = self._options.certificate_roles.get(caller.certificate or "")
+        if caller.certificate is not None and role is not None:
+            return self._granted(category, role, f"certificate:{caller.certificate}")
+        if self._options.trust_loopback and is_loopback(caller.peer):
+            return "loopback"
+        raise AccessDenied(
+            Refusal.UNAUTHENTICATED,
+            f"the {category.value} API needs an API token from this address: send 'Authorization: Bearer <token>' "
+            "(edged token create)",
+        )
+
+    @staticmethod
+    def _granted(category: Category, role: Role, actor: str) -> str:
+        if category not in GRANTS[role]:
+            raise AccessDenied(Refusal.FORBIDDEN, f"the {role.value} role does not grant the {category.value} API")
+        return actor
+
+
+def _by_category(groups: Iterable[RestrictedGroup]) -> dict[Category, RestrictedGroup]:
+    found: dict[Category, RestrictedGroup] = {}
+    for group in groups:
+        for category in group.categories:
+            if category in found:
+                raise ValueError(f"the {category.value} API is in more than one restricted group")
+            found[category] = group
+    return found
+
+
+def _open_actor(caller: Caller) -> str:
+    return "loopback" if is_loopback(caller.peer) else "anonymous"
+
+
+def is_loopback(address: str | None) -> bool:
+    if not address:
+        return False
+    try:
+        ip = ipaddress.ip_address(address.removeprefix("[").removesuffix("]").split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))

@@ -1,0 +1,113 @@
+"""The access policy (edged.core.access) at the door of the gRPC endpoint: every RPC placed in its API category, as
+Triton groups them for ``--grpc-restricted-protocol``, and checked before the servicer runs.
+
+A refusal is answered as Triton answers its restricted protocols (UNAVAILABLE "This protocol is restricted,
+expecting header 'triton-grpc-protocol-<key>'") or, for edged's tokens, UNAUTHENTICATED without valid credentials
+and PERMISSION_DENIED when the token's role does not grant the category. Credentials travel as metadata:
+``authorization: Bearer <token>``, which tritonclient sends from its ``headers=`` argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final
+
+import grpc
+
+from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal
+
+INFERENCE_SERVICE: Final[Mapping[str, Category]] = {
+    "ServerLive": Category.HEALTH,
+    "ServerReady": Category.HEALTH,
+    "ModelReady": Category.HEALTH,
+    "ServerMetadata": Category.METADATA,
+    "ModelMetadata": Category.METADATA,
+    "ModelInfer": Category.INFERENCE,
+    "ModelStreamInfer": Category.INFERENCE,
+    "ModelConfig": Category.MODEL_CONFIG,
+    "ModelStatistics": Category.STATISTICS,
+    "RepositoryIndex": Category.MODEL_REPOSITORY,
+    "RepositoryModelLoad": Category.MODEL_REPOSITORY,
+    "RepositoryModelUnload": Category.MODEL_REPOSITORY,
+    "SystemSharedMemoryStatus": Category.SHARED_MEMORY,
+    "SystemSharedMemoryRegister": Category.SHARED_MEMORY,
+    "SystemSharedMemoryUnregister": Category.SHARED_MEMORY,
+    "CudaSharedMemoryStatus": Category.SHARED_MEMORY,
+    "CudaSharedMemoryRegister": Category.SHARED_MEMORY,
+    "CudaSharedMemoryUnregister": Category.SHARED_MEMORY,
+    "TraceSetting": Category.TRACE,
+    "LogSettings": Category.LOGGING,
+}
+HEALTH_SERVICE: Final[Mapping[str, Category]] = {"Check": Category.HEALTH}
+
+_CODES: Final = {
+    Refusal.RESTRICTED: grpc.StatusCode.UNAVAILABLE,
+    Refusal.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Refusal.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+}
+
+
+def guard(servicer: object, policy: AccessPolicy, methods: Mapping[str, Category]) -> None:
+    """Puts the policy in front of each of ``servicer``'s ``methods`` (an RPC not listed would not be guarded:
+    a test holds the lists equal to the services' descriptors)."""
+    for name, category in methods.items():
+        method = getattr(servicer, name)
+        if inspect.isasyncgenfunction(method):
+            setattr(servicer, name, _guard_stream(method, category, policy))
+        else:
+            setattr(servicer, name, _guard_unary(method, category, policy))
+
+
+def caller(context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
+    headers = {str(key).lower(): str(value) for key, value in context.invocation_metadata() or ()}
+    return Caller("grpc", peer_address(context.peer()), headers)
+
+
+def peer_address(peer: str | None) -> str | None:
+    """The IP address of grpc's peer string: ``ipv4:127.0.0.1:5000`` or ``ipv6:[::1]:5000``."""
+    if not peer:
+        return None
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return None
+
+
+def _guard_unary(
+    method: Callable[[Any, Any], Any], category: Category, policy: AccessPolicy
+) -> Callable[[Any, Any], Any]:
+    @functools.wraps(method)
+    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            actor = policy.check(category, caller(context))
+        except AccessDenied as denied:
+            await context.abort(_CODES[denied.refusal], denied.message)
+        token = ACTOR.set(actor)
+        try:
+            return await method(request, context)
+        finally:
+            ACTOR.reset(token)
+
+    return guarded
+
+
+def _guard_stream(
+    method: Callable[[Any, Any], AsyncIterator[Any]], category: Category, policy: AccessPolicy
+) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    @functools.wraps(method)
+    async def guarded(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        try:
+            actor = policy.check(category, caller(context))
+        except AccessDenied as denied:
+            await context.abort(_CODES[denied.refusal], denied.message)
+        # Who asked is not kept (ACTOR): a stream of inferences changes no model, and an async generator may be
+        # finished in another context than the one it set a variable in.
+        del actor
+        async for reply in method(requests, context):
+            yield reply
+
+    return guarded

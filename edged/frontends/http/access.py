@@ -1,0 +1,47 @@
+"""Which API category (edged.core.access.Category) each HTTP route belongs to, as Triton groups its routes for
+``--http-restricted-api``. Every path edged serves has one; any other path counts as model-repository, the most
+guarded, so that no route can be reached around the policy by a spelling the router accepts and this does not."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from edged.core.access import Category
+
+_TOP: Final = {
+    "health": Category.HEALTH,
+    "systemsharedmemory": Category.SHARED_MEMORY,
+    "cudasharedmemory": Category.SHARED_MEMORY,
+    "repository": Category.MODEL_REPOSITORY,
+    "trace": Category.TRACE,
+    "logging": Category.LOGGING,
+    # edged's own: the model history.
+    "edged": Category.MODEL_REPOSITORY,
+}
+_MODEL: Final = {
+    (): Category.METADATA,
+    ("ready",): Category.HEALTH,
+    ("infer",): Category.INFERENCE,
+    ("generate",): Category.INFERENCE,
+    ("generate_stream",): Category.INFERENCE,
+    ("config",): Category.MODEL_CONFIG,
+    ("stats",): Category.STATISTICS,
+    ("trace", "setting"): Category.TRACE,
+}
+
+
+def http_category(method: str, path: str) -> Category:
+    del method  # a category holds every method of its routes, as in Triton
+    parts = [part for part in path.split("/") if part]
+    if parts[:1] != ["v2"]:
+        return Category.MODEL_REPOSITORY
+    if len(parts) == 1:
+        return Category.METADATA  # GET /v2
+    if parts[1] != "models":
+        return _TOP.get(parts[1], Category.MODEL_REPOSITORY)
+    if parts[2:] == ["stats"]:
+        return Category.STATISTICS  # every model's statistics
+    rest = parts[3:]
+    if rest[:1] == ["versions"]:
+        rest = rest[2:]
+    return _MODEL.get(tuple(rest), Category.MODEL_REPOSITORY)

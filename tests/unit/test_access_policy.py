@@ -1,0 +1,183 @@
+"""The access policy in-process: every route and RPC has its category, the order of the checks, the parsers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from edged.core.access import (
+    AccessDenied,
+    AccessOptions,
+    AccessPolicy,
+    Caller,
+    Category,
+    Refusal,
+    Role,
+    TokenVerifier,
+    bearer,
+    is_loopback,
+    new_token,
+    parse_categories,
+    parse_restricted,
+)
+from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, peer_address
+from edged.frontends.http import HttpOptions, create_http_app
+from edged.frontends.http.access import http_category
+from edged.proto import grpc_service_pb2, health_pb2
+
+if TYPE_CHECKING:
+    from edged.state.store import TokenRecord
+
+
+def test_every_http_route_has_its_tritons_category() -> None:
+    expected = {
+        "/v2/health/live": Category.HEALTH,
+        "/v2/health/ready": Category.HEALTH,
+        "/v2": Category.METADATA,
+        "/v2/models/{model}/ready": Category.HEALTH,
+        "/v2/models/{model}/versions/{version}/ready": Category.HEALTH,
+        "/v2/models/{model}": Category.METADATA,
+        "/v2/models/{model}/versions/{version}": Category.METADATA,
+        "/v2/models/{model}/config": Category.MODEL_CONFIG,
+        "/v2/models/{model}/versions/{version}/config": Category.MODEL_CONFIG,
+        "/v2/models/stats": Category.STATISTICS,
+        "/v2/models/{model}/stats": Category.STATISTICS,
+        "/v2/models/{model}/versions/{version}/stats": Category.STATISTICS,
+        "/v2/models/{model}/infer": Category.INFERENCE,
+        "/v2/models/{model}/versions/{version}/infer": Category.INFERENCE,
+        "/v2/trace/setting": Category.TRACE,
+        "/v2/models/{model}/trace/setting": Category.TRACE,
+        "/v2/logging": Category.LOGGING,
+        "/v2/systemsharedmemory/status": Category.SHARED_MEMORY,
+        "/v2/systemsharedmemory/region/{region}/status": Category.SHARED_MEMORY,
+        "/v2/systemsharedmemory/region/{region}/register": Category.SHARED_MEMORY,
+        "/v2/systemsharedmemory/unregister": Category.SHARED_MEMORY,
+        "/v2/systemsharedmemory/region/{region}/unregister": Category.SHARED_MEMORY,
+        "/v2/cudasharedmemory/status": Category.SHARED_MEMORY,
+        "/v2/cudasharedmemory/region/{region}/status": Category.SHARED_MEMORY,
+        "/v2/cudasharedmemory/region/{region}/register": Category.SHARED_MEMORY,
+        "/v2/cudasharedmemory/unregister": Category.SHARED_MEMORY,
+        "/v2/cudasharedmemory/region/{region}/unregister": Category.SHARED_MEMORY,
+        "/v2/repository/index": Category.MODEL_REPOSITORY,
+        "/v2/repository/models/{model}/load": Category.MODEL_REPOSITORY,
+        "/v2/repository/models/{model}/unload": Category.MODEL_REPOSITORY,
+        "/v2/repository/{repository}/index": Category.MODEL_REPOSITORY,
+        "/v2/repository/{repository}/models/{model}/load": Category.MODEL_REPOSITORY,
+        "/v2/repository/{repository}/models/{model}/unload": Category.MODEL_REPOSITORY,
+        "/v2/edged/history": Category.MODEL_REPOSITORY,
+        "/v2/edged/models/{model}/history": Category.MODEL_REPOSITORY,
+    }
+    # Every route the app serves is listed above: a new route must be given its category.
+    served = {
+        route.path.replace(":str", "")
+        for route in create_http_app(Any, HttpOptions())._app.routes  # type: ignore[arg-type, attr-defined]
+    }
+    assert served - set(expected) == set()
+    for template, category in expected.items():
+        # (A model named "stats" has no metadata route: /v2/models/stats is every model's statistics, as in Triton.)
+        for model in ("add_sub", "versions", "ready", "config", "infer"):
+            path = template.format(model=model, version="3", region="r", repository="x")
+            assert http_category("POST", path) is category, path
+            assert http_category("GET", path + "/") is category, path + "/"
+    # Unknown paths count as the most guarded category.
+    for path in ("/", "/v2/unknown", "/v2/models/m/unknown", "/metrics", "/v3/models/m/infer"):
+        assert http_category("GET", path) is Category.MODEL_REPOSITORY, path
+
+
+def test_every_rpc_has_its_category() -> None:
+    service = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    assert set(INFERENCE_SERVICE) == {method.name for method in service.methods}
+    health = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    assert set(HEALTH_SERVICE) >= {method.name for method in health.methods} - {"Watch"}
+    assert peer_address("ipv4:10.1.2.3:5000") == "10.1.2.3"
+    assert peer_address("ipv6:[::1]:5000") == "::1"
+    assert peer_address("unix:/run/edged.sock") is None
+
+
+class _Store:
+    def __init__(self, *records: TokenRecord) -> None:
+        self.records = {record.token_id: record for record in records}
+        self.lookups = 0
+
+    def find_token(self, token_id: str) -> TokenRecord | None:
+        self.lookups += 1
+        return self.records.get(token_id)
+
+
+def _caller(peer: str, **headers: str) -> Caller:
+    return Caller("http", peer, headers)
+
+
+def test_checks_in_order_restricted_then_guarded_then_open() -> None:
+    operator = new_token("op", Role.OPERATOR, None)
+    viewer = new_token("view", Role.VIEWER, None)
+    store = _Store(operator.record, viewer.record)
+    refused: list[tuple[str, Category, Refusal]] = []
+    options = AccessOptions(http_restricted=(parse_restricted("logging:admin-key=s3cret", grpc=False),))
+    policy = AccessPolicy(options, TokenVerifier(store), lambda *args: refused.append(args))
+    outside = "192.0.2.9"
+    # Restricted: the header, from anywhere; a token is no substitute.
+    assert policy.check(Category.LOGGING, _caller(outside, **{"admin-key": "s3cret"})) == "restricted-header"
+    for caller in (_caller("127.0.0.1"), _caller(outside, authorization=f"Bearer {operator.secret}")):
+        with pytest.raises(AccessDenied) as denied:
+            policy.check(Category.LOGGING, caller)
+        assert denied.value.refusal is Refusal.RESTRICTED
+        assert denied.value.message == "This API is restricted, expecting header 'admin-key'"
+    # Guarded: a token with the role, or loopback.
+    assert policy.check(Category.MODEL_REPOSITORY, _caller(outside, authorization=f"Bearer {operator.secret}")) == (
+        "token:op"
+    )
+    assert policy.check(Category.MODEL_REPOSITORY, _caller("::1")) == "loopback"
+    assert policy.check(Category.MODEL_REPOSITORY, _caller("::ffff:127.0.0.1")) == "loopback"
+    with pytest.raises(AccessDenied) as denied:
+        policy.check(Category.MODEL_REPOSITORY, _caller(outside, authorization=f"bearer {viewer.secret}"))
+    assert denied.value.refusal is Refusal.FORBIDDEN
+    with pytest.raises(AccessDenied) as denied:
+        policy.check(Category.SHARED_MEMORY, _caller(outside))
+    assert denied.value.refusal is Refusal.UNAUTHENTICATED
+    # Open: nobody asked for anything, no token looked up.
+    lookups = store.lookups
+    assert policy.check(Category.INFERENCE, _caller(outside, authorization="Bearer garbage")) == "anonymous"
+    assert store.lookups == lookups
+    assert [(wire, category, why) for wire, category, why in refused] == [
+        ("http", Category.LOGGING, Refusal.RESTRICTED),
+        ("http", Category.LOGGING, Refusal.RESTRICTED),
+        ("http", Category.MODEL_REPOSITORY, Refusal.FORBIDDEN),
+        ("http", Category.SHARED_MEMORY, Refusal.UNAUTHENTICATED),
+    ]
+    assert not policy.is_open(Category.LOGGING, "http") and policy.is_open(Category.LOGGING, "grpc") is False
+    assert policy.is_open(Category.INFERENCE, "http") and policy.is_open(Category.HEALTH, "grpc")
+
+
+def test_tokens_are_looked_up_at_most_every_two_seconds_and_expire() -> None:
+    now = [100.0]
+    current = new_token("a", Role.ADMIN, datetime.now(UTC) + timedelta(hours=1))
+    expired = new_token("b", Role.ADMIN, datetime.now(UTC) - timedelta(seconds=1))
+    store = _Store(current.record, expired.record)
+    verifier = TokenVerifier(store, clock=lambda: now[0])
+    assert verifier.verify(current.secret) == current.record
+    assert verifier.verify(current.secret) == current.record
+    assert store.lookups == 1
+    now[0] += 2.5
+    assert verifier.verify(current.secret) is not None and store.lookups == 2
+    assert verifier.verify(expired.secret) is None
+    assert verifier.verify(current.secret[:-2]) is None  # the secret is checked, not just the id
+    assert verifier.verify("edged__") is None and verifier.verify("bearer") is None
+
+
+def test_parsers() -> None:
+    group = parse_restricted("model-repository, logging:Admin-Key=a=b", grpc=True)
+    assert group.categories == {Category.MODEL_REPOSITORY, Category.LOGGING}
+    assert (group.key, group.value) == ("triton-grpc-protocol-admin-key", "a=b")
+    for bad in ("logging", "logging:key", ":k=v", "nothing:k=v", "metrics:k=v"):
+        with pytest.raises(ValueError):
+            parse_restricted(bad, grpc=False)
+    assert parse_categories("none") == frozenset()
+    assert parse_categories("all") == frozenset(Category)
+    assert parse_categories("inference, metrics") == {Category.INFERENCE, Category.METRICS}
+    assert bearer({"authorization": "Bearer  abc "}) == "abc"
+    assert bearer({"authorization": "Basic abc"}) is None and bearer({}) is None
+    assert is_loopback("127.0.0.5") and is_loopback("::1") and is_loopback("::ffff:127.0.0.1")
+    assert not is_loopback("192.0.2.1") and not is_loopback(None) and not is_loopback("not an address")
