@@ -133,6 +133,30 @@ def test_a_new_database_is_what_every_migration_makes(tmp_path: Path) -> None:
     assert _query(migrated, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 
+def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_history(tmp_path: Path) -> None:
+    db = tmp_path / DB_NAME
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(db)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0001")
+            connection.exec_driver_sql("INSERT INTO models (id, name) VALUES (1, 'add_sub')")
+            connection.exec_driver_sql(
+                "INSERT INTO transitions (model_id, version, state, previous, source, reason, at, duration_s) "
+                "VALUES (1, 1, 'READY', NULL, 'startup', '', '2026-01-01 00:00:00', 0.5)"
+            )
+    finally:
+        engine.dispose()
+    with StateStore.open(tmp_path) as store:
+        [event] = store.history("add_sub")[0]
+        assert (event.state, event.source, event.actor) == ("READY", "startup", None)
+        assert store.tokens() == []
+        later = store.transition("add_sub", 1, "UNLOADED", "api", actor="token:ci")
+        assert later.actor == "token:ci" and later.previous == "READY"
+    assert _query(db, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+
+
 def test_a_database_at_head_opens_without_alembic(tmp_path: Path) -> None:
     script = (
         "import sys; from pathlib import Path; from edged.state.store import StateStore\n"
