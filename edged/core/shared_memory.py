@@ -20,13 +20,17 @@ written.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edged.core.access import ACTOR
 from edged.errors import EdgedError, ErrorCode
+
+log = logging.getLogger("edged.shared_memory")
 
 if TYPE_CHECKING:
     from edged.core.request.inference import InferOutput, InferRequest
@@ -147,6 +151,7 @@ class SharedMemoryManager:
                 f"{byte_size} is past the {size} bytes of '{key}')"
             )
         self._regions[name] = _Region(name, key, offset, byte_size, fd)
+        log.info("shared memory region '%s' registered by %s (%d bytes)", name, ACTOR.get() or "anonymous", byte_size)
 
     def unregister_system(self, name: str) -> None:
         """Unregister one region, or every region when ``name`` is empty; unknown names are not an error."""

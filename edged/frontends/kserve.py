@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edged import logs
+from edged.core.access import ACTOR
 from edged.errors import EdgedError, unsupported
 
 if TYPE_CHECKING:
@@ -126,7 +127,8 @@ def update_log_settings(request: LogSettingsRequest, wire: str) -> None:
             changed["log_format"] = logs.update(log_format=log_format).log_format
     finally:
         if changed:
-            log.info("log settings changed over %s: %s", wire, ", ".join(f"{k}={v}" for k, v in changed.items()))
+            settings = ", ".join(f"{k}={v}" for k, v in changed.items())
+            log.info("log settings changed over %s by %s: %s", wire, ACTOR.get() or "anonymous", settings)
 
 
 class LoadParameters(Protocol):

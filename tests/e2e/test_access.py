@@ -209,6 +209,8 @@ def test_an_operator_token_works_over_both_wires_and_is_recorded(
     # gRPC metadata keys are lower case; tritonclient passes headers= as metadata.
     grpc.load_model("spare", headers={"authorization": f"Bearer {tokens['ci-bot']}"})
     assert grpc.get_log_settings(headers={"authorization": f"Bearer {tokens['ci-bot']}"})
+    http.update_log_settings({"log_verbose_level": 0}, headers=headers)
+    assert "log settings changed over HTTP by token:ci-bot: log_verbose_level=0" in guarded.log()
     # Loopback, for comparison.
     httpclient.InferenceServerClient(guarded.http_url).unload_model("spare")
     history = request(guarded.http_url, "GET", "/v2/edged/models/spare/history?limit=1000").json()["events"]
