@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from edged.core.access import parse_categories, parse_restricted
+from edged.core.access import parse_categories, parse_certificate_role, parse_restricted
 from edged.frontends.metrics.config import parse_metrics_config
 
 ENV_PREFIX: Final = "EDGED_"
@@ -48,6 +48,10 @@ def _check_backend_config(value: Any) -> None:
 
 def _check_restricted(value: Any) -> None:
     parse_restricted(str(value), grpc=False)
+
+
+def _check_certificate_role(value: Any) -> None:
+    parse_certificate_role(str(value))
 
 
 def _check_categories(value: Any) -> None:
@@ -306,6 +310,15 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "API categories a client needs an API token for (or to be on loopback, when trusted): a list, all or none",
         metavar="APIS",
         check=_check_categories,
+    ),
+    Option(
+        "client-certificate-role",
+        "str",
+        [],
+        "with mutual TLS: the role a verified client certificate stands for, by its subject CN (repeatable)",
+        repeatable=True,
+        metavar="CN=ROLE",
+        check=_check_certificate_role,
     ),
     Option(
         "trust-loopback",

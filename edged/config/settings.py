@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from edged.config.options import BY_KEY, OPTIONS
-from edged.core.access import AccessOptions, Category, parse_categories, parse_restricted
+from edged.core.access import AccessOptions, Category, parse_categories, parse_certificate_role, parse_restricted
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
 
@@ -129,6 +129,7 @@ DERIVED: Final = {
     "grpc_restricted_protocol": "access",
     "guarded_apis": "access",
     "trust_loopback": "access",
+    "client_certificate_role": "access",
 }
 
 
@@ -139,6 +140,7 @@ def access_options(values: Mapping[str, Any]) -> AccessOptions:
         grpc_restricted=tuple(parse_restricted(text, grpc=True) for text in values["grpc_restricted_protocol"]),
         guarded=parse_categories(values["guarded_apis"]),
         trust_loopback=values["trust_loopback"],
+        certificate_roles=dict(parse_certificate_role(text) for text in values["client_certificate_role"]),
     )
     for flag, groups in (
         ("--http-restricted-api", options.http_restricted),

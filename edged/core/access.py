@@ -150,6 +150,17 @@ def parse_restricted(text: str, *, grpc: bool) -> RestrictedGroup:
     return RestrictedGroup(frozenset(categories), f"triton-grpc-protocol-{header}" if grpc else header, value)
 
 
+def parse_certificate_role(text: str) -> tuple[str, Role]:
+    """``--client-certificate-role``: ``<subject CN>=<role>``, e.g. ``camera-17.plant.example=operator``."""
+    name, equals, role = text.rpartition("=")
+    if not equals or not name.strip():
+        raise ValueError(f"expected <certificate CN>=<role>, got '{text}'")
+    try:
+        return name.strip(), Role(role.strip())
+    except ValueError:
+        raise ValueError(f"unknown role '{role.strip()}' (known: viewer, operator, admin)") from None
+
+
 def parse_categories(text: str) -> frozenset[Category]:
     """``--guarded-apis``: a comma-separated list of categories, ``all`` or ``none``."""
     words = [word.strip() for word in text.split(",") if word.strip()]

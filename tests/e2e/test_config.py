@@ -223,6 +223,7 @@ def test_every_option_reaches_the_settings(tmp_path: Path) -> None:
         "http_restricted_api": ["logging:k=v"],
         "grpc_restricted_protocol": ["logging:k=v"],
         "guarded_apis": "none",
+        "client_certificate_role": ["camera=viewer"],
     }
     for option in OPTIONS:
         value = changed.get(option.key)

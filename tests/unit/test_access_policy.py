@@ -20,6 +20,7 @@ from edged.core.access import (
     is_loopback,
     new_token,
     parse_categories,
+    parse_certificate_role,
     parse_restricted,
 )
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, peer_address
@@ -181,3 +182,21 @@ def test_parsers() -> None:
     assert bearer({"authorization": "Basic abc"}) is None and bearer({}) is None
     assert is_loopback("127.0.0.5") and is_loopback("::1") and is_loopback("::ffff:127.0.0.1")
     assert not is_loopback("192.0.2.1") and not is_loopback(None) and not is_loopback("not an address")
+
+
+def test_a_client_certificate_stands_for_its_mapped_role() -> None:
+    assert parse_certificate_role("camera-17.plant.example = operator") == ("camera-17.plant.example", Role.OPERATOR)
+    for bad in ("camera", "=viewer", "camera=root"):
+        with pytest.raises(ValueError):
+            parse_certificate_role(bad)
+    options = AccessOptions(certificate_roles={"camera": Role.OPERATOR, "screen": Role.VIEWER})
+    policy = AccessPolicy(options, TokenVerifier(None))
+    outside = "192.0.2.9"
+    assert policy.check(Category.LOGGING, Caller("grpc", outside, {}, "camera")) == "certificate:camera"
+    with pytest.raises(AccessDenied) as denied:
+        policy.check(Category.LOGGING, Caller("http", outside, {}, "screen"))
+    assert denied.value.refusal is Refusal.FORBIDDEN
+    # A certificate mapped to no role counts for nothing.
+    with pytest.raises(AccessDenied) as denied:
+        policy.check(Category.LOGGING, Caller("http", outside, {}, "laptop"))
+    assert denied.value.refusal is Refusal.UNAUTHENTICATED
