@@ -583,7 +583,7 @@ def test_daemon_under_systemd_writes_to_the_journal(chatty_repository: Path) -> 
             reply = post_json(f"127.0.0.1:{http_port}", "/v2/logging", {"log_verbose_level": 1})
             assert reply.status == 200, reply
             changed = _receive(sock)
-            assert changed["MESSAGE"] == "log settings changed over HTTP: log_verbose_level=1"
+            assert changed["MESSAGE"] == "log settings changed over HTTP by loopback: log_verbose_level=1"
             assert changed["PRIORITY"] == "6"
             assert changed["SYSLOG_IDENTIFIER"] == "edged"
         finally:
