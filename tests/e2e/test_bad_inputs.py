@@ -136,11 +136,20 @@ class TritonPythonModel:
         raise RuntimeError("no answer from this model")
 """
 RAISER_CONFIG: Final = """
-name: "raiser"
+name: "%s"
 backend: "python"
 max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+# A Python model whose exception names a file in its own folder, as a model reading its weights would.
+LEAKY_MODEL: Final = """
+class TritonPythonModel:
+    def initialize(self, args):
+        self.folder = args["model_repository"]
+
+    def execute(self, requests):
+        open(self.folder + "/weights.bin")
 """
 
 
@@ -176,7 +185,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     modelgen.write_identity(repo / "identity_fp32", "FP32", max_batch_size=8, dims=[-1])
     modelgen.write_identity(repo / "identity_bytes", "BYTES", max_batch_size=8, dims=[-1])
     _python_model(repo, "flood", FLOOD_MODEL, FLOOD_CONFIG)
-    _python_model(repo, "raiser", RAISER_MODEL, RAISER_CONFIG)
+    _python_model(repo, "raiser", RAISER_MODEL, RAISER_CONFIG % "raiser")
+    _python_model(repo, "leaky", LEAKY_MODEL, RAISER_CONFIG % "leaky")
     state = root / "state"
     with run_server([repo], "--model-control-mode=explicit", "--load-model=*", f"--state-dir={state}") as server:
         yield Site(server, root, repo, state)
@@ -575,12 +585,29 @@ def _provoked_errors(site: Site, stub: Any) -> list[str]:
     return messages
 
 
+def _forbidden_words(site: Site) -> list[str]:
+    return [str(site.root), str(site.repository), str(site.state), "/dev/shm", "memfd", "/tmp", ".sock"]
+
+
 class TestNoInternalNames:
     def test_errors_name_no_internal_path_or_key(self, site: Site, stub: Any) -> None:
-        forbidden = [str(site.root), str(site.repository), str(site.state), "/dev/shm", "memfd", "/tmp", ".sock"]
         for message in _provoked_errors(site, stub):
-            assert not [word for word in forbidden if word in message], message
+            assert not [word for word in _forbidden_words(site) if word in message], message
             assert "Traceback" not in message
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="a Python model's exception text reaches the client unchanged, as in Triton, paths included; "
+        "the Python backend does not yet rewrite the model's folder out of it",
+    )
+    def test_a_python_models_exception_does_not_name_its_folder(self, site: Site) -> None:
+        reply = post_json(
+            site.server.http_url,
+            "/v2/models/leaky/infer",
+            {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [1]}]},
+        )
+        message = _expect(reply, 500, "FileNotFoundError")
+        assert not [word for word in _forbidden_words(site) if word in message], message
 
 
 # ------------------------------------------------------------------------------------------------------------
