@@ -142,6 +142,21 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
+# A Python model that takes its time: an answer still owed while the client pipelines the next request.
+SLEEPER_MODEL: Final = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.5)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
 # A Python model whose exception names a file in its own folder, as a model reading its weights would.
 LEAKY_MODEL: Final = """
 class TritonPythonModel:
@@ -479,6 +494,26 @@ def _send_raw(server: Server, path: str, headers: dict[str, str], body: bytes) -
     return status, answer, closed
 
 
+FEW_CHUNKS: Final = 8
+
+
+@pytest.fixture(scope="module")
+def few_chunks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A daemon that takes bodies of at most FEW_CHUNKS chunks, with a slow model to pipeline requests behind."""
+    repo = tmp_path_factory.mktemp("few-chunks") / "repo"
+    modelgen.write_add_sub(repo / "add_sub", max_batch_size=8, dims=16, dtype="FP32")
+    _python_model(repo, "sleeper", SLEEPER_MODEL, RAISER_CONFIG % "sleeper")
+    with run_server([repo], f"--http-max-chunks={FEW_CHUNKS}") as server:
+        yield server
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    answer = b""
+    while data := sock.recv(65536):
+        answer += data
+    return answer
+
+
 class TestChunkFloods:
     CHUNKED: Final = {"Transfer-Encoding": "chunked", "Content-Type": "application/json"}
 
@@ -500,6 +535,34 @@ class TestChunkFloods:
     def test_a_flood_far_past_the_limit(self, site: Site) -> None:
         status, answer, closed = _send_raw(site.server, INFER, self.CHUNKED, _chunked(b" " * 500_000))
         assert (status, closed) == (400, True), answer[:300]
+
+    def test_the_limit_is_a_setting(self, few_chunks: Server) -> None:
+        body = _good_request()
+        assert _send_raw(few_chunks, INFER, self.CHUNKED, _chunked(body, len(body) // FEW_CHUNKS + 1))[0] == 200
+        status, answer, closed = _send_raw(few_chunks, INFER, self.CHUNKED, _chunked(body, len(body) // 20))
+        assert (status, closed) == (400, True), answer[:300]
+        assert f"more than {FEW_CHUNKS} chunks".encode() in answer
+
+    def test_a_pipelined_request_is_refused_in_its_turn(self, few_chunks: Server) -> None:
+        slow = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
+        first = b"POST /v2/models/sleeper/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(slow),
+            slow,
+        )
+        second = b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        chunks = [b"1\r\n%s\r\n" % bytes([byte]) for byte in _good_request()]
+        with socket.create_connection(("127.0.0.1", few_chunks.http_port), timeout=10) as sock:
+            # The second request is over the limit while the first one's answer is still owed ...
+            sock.sendall(first + second + b"".join(chunks[: FEW_CHUNKS + 4]))
+            time.sleep(1.5)
+            # ... and is refused once that answer is out, as the rest of its body arrives.
+            sock.sendall(b"".join(chunks[FEW_CHUNKS + 4 :]) + b"0\r\n\r\n")
+            answer = _read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+        assert answer.count(b"HTTP/1.1 ") == 2, answer
+        refusal = answer[answer.index(b"HTTP/1.1 ", 1) :]
+        assert refusal.startswith(b"HTTP/1.1 400 "), answer
+        assert f"more than {FEW_CHUNKS} chunks".encode() in refusal
 
     def test_chunked_gzip_counts_the_chunks_on_the_wire(self, site: Site) -> None:
         # Random text barely compresses: the compressed body is longer than the chunk limit.

@@ -164,8 +164,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_chunk_header(self) -> None:
         self._chunks += 1
-        # The zero-length chunk that ends a body has a header too: it does not count against the limit.
-        if self._chunks > self.limits.max_chunks + 1 and not self._refused:
+        # The zero-length chunk that ends a body has a header too: it does not count against the limit. A request
+        # queued behind one still unanswered is refused once its turn comes (a refusal now would overtake that
+        # answer); until then reading is paused, so what it sends meanwhile is one read's worth at most.
+        if self._chunks > self.limits.max_chunks + 1 and not self._refused and not self.pipeline:
             self._refuse(400, f"request body sent in more than {self.limits.max_chunks} chunks", linger=True)
 
     def on_message_complete(self) -> None:
