@@ -428,12 +428,16 @@ class TestJsonDepth:
         reply = request(site.server.http_url, "POST", INFER, _nested_extra(levels))
         _expect(reply, 400, f"nested more than {MAX_JSON_DEPTH} levels deep")
 
-    def test_binary_requests_count_only_their_json(self, site: Site) -> None:
-        header = _nested_extra(MAX_JSON_DEPTH + 1)
-        reply = request(
-            site.server.http_url, "POST", INFER, header, {"Inference-Header-Content-Length": str(len(header))}
-        )
+    @pytest.mark.parametrize("padding", [0, 100_000], ids=["small", "large"])
+    def test_a_json_header_before_binary_data(self, site: Site, padding: int) -> None:
+        deep = _nested_extra(MAX_JSON_DEPTH + 1) + b" " * padding
+        reply = request(site.server.http_url, "POST", INFER, deep, {"Inference-Header-Content-Length": str(len(deep))})
         _expect(reply, 400, f"nested more than {MAX_JSON_DEPTH} levels deep")
+        at_limit = _nested_extra(MAX_JSON_DEPTH) + b" " * padding
+        reply = request(
+            site.server.http_url, "POST", INFER, at_limit, {"Inference-Header-Content-Length": str(len(at_limit))}
+        )
+        assert reply.status == 200, reply
 
     def test_gzip_bodies_are_measured_once_inflated(self, site: Site) -> None:
         reply = request(
