@@ -244,6 +244,34 @@ OPTIONS: Final[tuple[Option, ...]] = (
         high=86400,
         metavar="SECONDS",
     ),
+    # Bounds on what one request may make the daemon hold or do (see the README's "Limits").
+    Option(
+        "http-max-json-depth",
+        "int",
+        100,
+        "deepest nesting of arrays and objects accepted in a JSON request body (Triton: 100)",
+        # The parser itself stops near Python's recursion limit (1000); past that every body would be refused.
+        low=1,
+        high=900,
+        metavar="N",
+    ),
+    Option(
+        "http-max-chunks",
+        "int",
+        65536,
+        "most chunks in one chunked request body; one more is answered 400 and the connection closed (Triton: 65536)",
+        low=1,
+        metavar="N",
+    ),
+    Option(
+        "grpc-max-queued-stream-bytes",
+        "int",
+        64 * MIB,
+        "most bytes of responses a gRPC stream holds unread by its client; past this a decoupled model's request is "
+        "cancelled with an error",
+        low=1,
+        metavar="BYTES",
+    ),
     Option("allow-grpc", "bool", True, "serve KServe v2 over gRPC", metavar="BOOL"),
     Option("grpc-address", "str", "0.0.0.0", "address the gRPC endpoint binds", metavar="ADDR"),
     _port("grpc-port", 8001, "gRPC port"),

@@ -32,6 +32,9 @@ class Settings:
     http_body_timeout_secs: float
     http_min_body_rate: int
     http_keepalive_timeout_secs: float
+    http_max_json_depth: int
+    http_max_chunks: int
+    grpc_max_queued_stream_bytes: int
     allow_grpc: bool
     grpc_address: str
     grpc_port: int

@@ -56,6 +56,7 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
         min_body_rate=settings.http_min_body_rate,
         keepalive_timeout_s=settings.http_keepalive_timeout_secs,
         max_body_size=settings.http_max_input_size,
+        max_chunks=settings.http_max_chunks,
     )
 
 
@@ -148,7 +149,7 @@ class UvicornEndpoint:
 def http_endpoint(
     settings: Settings, service: InferenceService, sock: socket.socket, refused: Counter, access: AccessPolicy
 ) -> UvicornEndpoint:
-    options = HttpOptions(max_input_size=settings.http_max_input_size)
+    options = HttpOptions(max_input_size=settings.http_max_input_size, max_json_depth=settings.http_max_json_depth)
     # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
     fast_infer = access.is_open(Category.INFERENCE, "http")
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
@@ -203,6 +204,7 @@ class GrpcEndpoint:
             max_connections=settings.grpc_max_connections,
             handshake_timeout_s=settings.grpc_handshake_timeout_secs,
             idle_timeout_s=settings.grpc_idle_timeout_secs,
+            max_queued_stream_bytes=settings.grpc_max_queued_stream_bytes,
         )
         try:
             self.server = GrpcServer(self._service, settings.grpc_address, settings.grpc_port, options, self._access)

@@ -9,6 +9,12 @@ the order the requests arrived. A decoupled model gives zero or more replies per
 ``triton_final_response``, and the flag-only final one is sent (empty) when the request asked for it. A failing
 request answers with ``error_message`` and the stream goes on, unless the client opened it with the metadata
 ``triton_grpc_error: true``, in which case the first error ends it with a status.
+
+A stream holds at most ``max_queued_stream_bytes`` of replies not yet written to its client: a decoupled model may
+answer without end while a client reads nothing, and the backend cannot be told to wait, so a request whose next
+reply finds the stream over that bound is cancelled and answered with an error (UNAVAILABLE, as a full queue is in
+Triton). The bound is in bytes, not replies: a client that reads keeps up with a model sending many small replies
+faster than the daemon writes them, while a few large ones are what exhausts memory.
 """
 
 from __future__ import annotations
@@ -16,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 
-from edged.errors import EdgedError, ErrorCode, invalid_arg, unsupported
+from edged.errors import EdgedError, ErrorCode, invalid_arg, unavailable, unsupported
 from edged.frontends import kserve
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
 from edged.frontends.grpc.codec import (
@@ -40,6 +46,7 @@ from edged.proto import health_pb2, health_pb2_grpc
 
 if TYPE_CHECKING:
     from edged.core.access import AccessPolicy
+    from edged.core.request.inference import StreamResponse
     from edged.core.service import InferenceService, ModelHandle
 
 log = logging.getLogger(__name__)
@@ -59,6 +66,9 @@ STATUS_BY_CODE: Final[dict[ErrorCode, grpc.StatusCode]] = {
 # --grpc-max-message-size, so this bounds a stream's memory as well as its concurrency.
 MAX_IN_FLIGHT_PER_STREAM: Final = 32
 _GRPC_ERROR_KEY: Final = "triton_grpc_error"
+# What a queued reply holds beyond its encoded size (the message object, its queue entry), so that a flood of empty
+# replies is bounded too.
+_REPLY_OVERHEAD: Final = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,8 @@ class GrpcOptions:
     max_connections: int = 1024
     handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 600.0
+    # Bytes of replies a stream holds that its client has not read yet (see the module's docstring).
+    max_queued_stream_bytes: int = 64 * 1024 * 1024
 
 
 def status_for(error: EdgedError) -> grpc.StatusCode:
@@ -155,8 +167,9 @@ class _LoadParameters:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """``inference.GRPCInferenceService``: every RPC, each a translation to one InferenceService call."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, max_queued_stream_bytes: int = 64 * 1024 * 1024) -> None:
         self._service = service
+        self._max_queued = max_queued_stream_bytes
         # The reader task of every open stream, so that stopping can end them (see close_streams).
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -312,7 +325,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     ) -> AsyncIterator[Any]:
         abort_on_error = _grpc_error_mode(context)
         pending: asyncio.Queue[_Replies | None] = asyncio.Queue(MAX_IN_FLIGHT_PER_STREAM)
-        reader = asyncio.create_task(self._read_stream(requests, pending))
+        reader = asyncio.create_task(self._read_stream(requests, pending, _Backlog(self._max_queued)))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         if self._closing:
@@ -345,10 +358,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 if leftover is not None:
                     leftover.task.cancel()
 
-    async def _read_stream(self, requests: AsyncIterator[Any], pending: asyncio.Queue[_Replies | None]) -> None:
+    async def _read_stream(
+        self, requests: AsyncIterator[Any], pending: asyncio.Queue[_Replies | None], backlog: _Backlog
+    ) -> None:
         try:
             async for request in requests:
-                replies = _Replies()
+                replies = _Replies(backlog)
                 replies.task = asyncio.create_task(self._stream_one(request, replies))
                 try:
                     await pending.put(replies)
@@ -388,43 +403,88 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             return
         flag = request.parameters.get(ENABLE_EMPTY_FINAL_RESPONSE)
         empty_final = flag is not None and flag.bool_param
-        async for item in service.infer_stream(decode_infer_request(request, version), model):
-            if item.error is not None:
-                error_reply = encode_stream_error(request, item.error)
-                error_reply.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
-                replies.put(error_reply, item.error)
-            elif item.response is not None:
-                reply = pb.ModelStreamInferResponse()
-                encode_infer_response(item.response, reply.infer_response)
-                reply.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
-                replies.put(reply, None)
-            elif empty_final:
-                # Triton's flag-only final response: an empty response that tells the client the request is done.
-                reply = pb.ModelStreamInferResponse()
-                reply.infer_response.model_name = model.name
-                reply.infer_response.model_version = str(model.version)
-                reply.infer_response.id = request.id
-                reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
-                replies.put(reply, None)
+        items = service.infer_stream(decode_infer_request(request, version), model)
+        try:
+            async for item in items:
+                if replies.backlog_full():
+                    raise replies.overflow(request.id)
+                _put_stream_item(request, model, item, empty_final, replies)
+        finally:
+            # Left early (a full backlog), the request is cancelled now, not once the generator is collected.
+            if isinstance(items, AsyncGenerator):
+                await items.aclose()
+
+
+def _put_stream_item(
+    request: Any, model: ModelHandle, item: StreamResponse, empty_final: bool, replies: _Replies
+) -> None:
+    if item.error is not None:
+        error_reply = encode_stream_error(request, item.error)
+        error_reply.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
+        replies.put(error_reply, item.error)
+    elif item.response is not None:
+        reply = pb.ModelStreamInferResponse()
+        encode_infer_response(item.response, reply.infer_response)
+        reply.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
+        replies.put(reply, None)
+    elif empty_final:
+        # Triton's flag-only final response: an empty response that tells the client the request is done.
+        reply = pb.ModelStreamInferResponse()
+        reply.infer_response.model_name = model.name
+        reply.infer_response.model_version = str(model.version)
+        reply.infer_response.id = request.id
+        reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+        replies.put(reply, None)
+
+
+class _Backlog:
+    """The bytes of one stream's replies produced and not yet written (of all its requests together), and their
+    bound."""
+
+    __slots__ = ("limit", "queued")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queued = 0
 
 
 class _Replies:
     """The replies to one request of a stream, as they are produced; None marks the end."""
 
-    __slots__ = ("_queue", "task")
+    __slots__ = ("_backlog", "_queue", "task")
 
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[tuple[Any, EdgedError | None] | None] = asyncio.Queue()
+    def __init__(self, backlog: _Backlog) -> None:
+        self._queue: asyncio.Queue[tuple[Any, EdgedError | None, int] | None] = asyncio.Queue()
+        self._backlog = backlog
         self.task: asyncio.Task[None]
 
     def put(self, reply: Any, error: EdgedError | None) -> None:
-        self._queue.put_nowait((reply, error))
+        # Never refused here: a request's last reply (its error included) must reach the client. What is bounded
+        # is what a decoupled model adds (backlog_full); past the bound each request adds at most its error.
+        size = reply.ByteSize() + _REPLY_OVERHEAD
+        self._backlog.queued += size
+        self._queue.put_nowait((reply, error, size))
 
     def end(self) -> None:
         self._queue.put_nowait(None)
 
+    def backlog_full(self) -> bool:
+        return self._backlog.queued >= self._backlog.limit
+
+    def overflow(self, request_id: str) -> EdgedError:
+        who = f"request '{request_id}'" if request_id else "the request"
+        return unavailable(
+            f"{who} was cancelled: its stream holds more than {self._backlog.limit} bytes of responses that the "
+            "client has not read"
+        )
+
     async def get(self) -> tuple[Any, EdgedError | None] | None:
-        return await self._queue.get()
+        item = await self._queue.get()
+        if item is None:
+            return None
+        reply, error, size = item
+        self._backlog.queued -= size
+        return reply, error
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
@@ -483,7 +543,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        self._servicer = InferenceServicer(service)
+        self._servicer = InferenceServicer(service, options.max_queued_stream_bytes)
         health = HealthServicer(service)
         if access is not None:
             guard(self._servicer, access, INFERENCE_SERVICE)

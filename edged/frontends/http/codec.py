@@ -8,7 +8,7 @@ Binary inputs become numpy views over the body: the bytes are not copied on the 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -21,6 +21,11 @@ _encoder = msgspec.json.Encoder()
 
 # Request parameters that Triton reserves; every other ``triton_`` name is refused.
 _RESERVED_TRITON_PREFIX = "triton_"
+# Deepest nesting of JSON arrays and objects accepted (Triton's limit); --http-max-json-depth sets it for infer.
+DEFAULT_MAX_JSON_DEPTH: Final = 100
+# Bodies up to this size are copied to count their brackets (see _nested_deeper); larger ones are walked.
+_COUNTED_MAX = 64 * 1024
+_CONTAINERS: Final = (list, dict)
 
 
 def parse_header_length(value: str | None, body_length: int) -> int | None:
@@ -43,34 +48,71 @@ def _internal(message: str) -> EdgedError:
     return EdgedError(ErrorCode.INTERNAL, message)
 
 
-def decode_json(data: bytes | memoryview) -> Any:
+def _too_deep(max_depth: int) -> EdgedError:
+    return invalid_arg(
+        f"failed to parse the request JSON buffer: the document is nested more than {max_depth} levels deep"
+    )
+
+
+def decode_json(data: bytes | memoryview, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
     try:
-        return _decoder.decode(data)
+        document = _decoder.decode(data)
     except RecursionError:
-        raise invalid_arg("failed to parse the request JSON buffer: the document is nested too deeply") from None
+        raise _too_deep(max_depth) from None
     except msgspec.DecodeError as exc:
         raise _internal(f"failed to parse the request JSON buffer: {exc}") from None
+    return _within_depth(data, document, max_depth)
+
+
+def _within_depth(data: bytes | memoryview, document: Any, max_depth: int) -> Any:
+    """``document``, once it is known to nest no deeper than ``max_depth``. The parser's own bound is the
+    interpreter's recursion limit, which lets a document ten times deeper than Triton's limit through, and what
+    walks it later (numpy's conversion of nested lists, for one) would recurse as deep again."""
+    if _nested_deeper(data, document, max_depth):
+        raise _too_deep(max_depth)
+    return document
+
+
+def _nested_deeper(data: bytes | memoryview, document: Any, max_depth: int) -> bool:
+    text = data if isinstance(data, bytes) else data.tobytes() if len(data) <= _COUNTED_MAX else None
+    if text is not None and text.count(b"[") + text.count(b"{") <= max_depth:
+        return False  # too few brackets to nest that deep: most bodies end here
+    level = [document] if isinstance(document, _CONTAINERS) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            return True
+        deeper: list[Any] = []
+        for node in level:
+            children = node.values() if isinstance(node, dict) else node
+            # A tensor's rows of numbers hold no containers: one pass in C finds that, without a loop per number.
+            kinds = set(map(type, children))
+            if list in kinds or dict in kinds:
+                deeper.extend(child for child in children if isinstance(child, _CONTAINERS))
+        level = deeper
+    return False
 
 
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 
 
-def _decode_leading_json(body: memoryview) -> Any:
+def _decode_leading_json(body: memoryview, max_depth: int) -> Any:
     """The JSON document at the start of a body sent without Inference-Header-Content-Length.
 
     Anything after it is still part of "the JSON" as far as binary inputs are concerned (so they find no bytes
     left and say so), but the document itself parses, as Triton's parser stops at its end.
     """
     try:
-        return _decoder.decode(body)
+        return _within_depth(body, _decoder.decode(body), max_depth)
     except msgspec.DecodeError as exc:
         match = _TRAILING.search(str(exc))
         if match is None:
-            return decode_json(body)
+            return decode_json(body, max_depth)
         # msgspec counts bytes from 1: the document ends just before the byte it names.
-        return decode_json(body[: int(match.group(1)) - 1])
+        return decode_json(body[: int(match.group(1)) - 1], max_depth)
     except RecursionError:
-        return decode_json(body)
+        raise _too_deep(max_depth) from None
 
 
 def _member(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -99,11 +141,18 @@ def _unsigned(obj: dict[str, Any], key: str) -> int | None:
 
 
 def decode_infer_request(
-    model_name: str, model_version: int, body: bytes, header_length: int | None
+    model_name: str,
+    model_version: int,
+    body: bytes,
+    header_length: int | None,
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
 ) -> tuple[InferRequest, bool]:
     """The request, and whether every output should be binary unless an output says otherwise."""
     view = memoryview(body)
-    header = _decode_leading_json(view) if header_length is None else decode_json(view[:header_length])
+    if header_length is None:
+        header = _decode_leading_json(view, max_json_depth)
+    else:
+        header = decode_json(view[:header_length], max_json_depth)
     if not isinstance(header, dict):
         raise _internal("Unable to parse 'inputs': attempt to access non-existing object member 'inputs'")
     offset = len(body) if header_length is None else header_length

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from edged.core.request.inference import InferRequest
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.http.codec import (
+    DEFAULT_MAX_JSON_DEPTH,
     decode_infer_request,
     encode_infer_response,
     error_body,
@@ -54,6 +55,8 @@ _WATCH_AFTER_S = 0.01
 class HttpOptions:
     # Largest request body accepted, after decompression (Triton's --http-max-input-size).
     max_input_size: int = 64 * 1024 * 1024
+    # Deepest nesting of arrays and objects in an infer request's JSON (Triton's limit).
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
 
 
 def status_for(error: EdgedError) -> int:
@@ -112,7 +115,9 @@ async def answer_infer(
             request = InferRequest(model_name, version, "", [service.raw_input(model, body)])
             binary_default = True
         else:
-            request, binary_default = decode_infer_request(model_name, version, body, header_length)
+            request, binary_default = decode_infer_request(
+                model_name, version, body, header_length, options.max_json_depth
+            )
         response = await run(request, model)
         if response is None:
             return None

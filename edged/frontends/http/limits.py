@@ -12,7 +12,9 @@ for the HTTP and the metrics endpoints:
   ``body_timeout_s`` seconds (a window in which the daemon itself stopped reading does not count);
 - an idle kept-alive connection closes after ``keepalive_timeout_s`` (uvicorn's own timer);
 - a declared ``Content-Length`` over ``max_body_size`` is answered ``413`` as soon as the headers are read, on every
-  route, without reading the body.
+  route, without reading the body;
+- a chunked body of more than ``max_chunks`` chunks is answered ``400`` at the chunk past the limit: each chunk costs
+  a parser callback and a copy, so a flood of 1-byte chunks is work out of all proportion to its size.
 
 A timed-out request gets ``408``. Refusals close the connection: the answer goes out, the sending side is shut down
 and what the client still sends is read and dropped for a moment (``LINGER_S``), so the client reads the answer
@@ -48,6 +50,7 @@ _REFUSALS = {
     503: ("over the connection limit (503)", "connection_limit"),
     408: ("too slow to send a request (408)", "timeout"),
     413: ("declaring a body over the limit (413)", "body_too_large"),
+    400: ("sending a body in too many chunks (400)", "too_many_chunks"),
 }
 
 
@@ -56,7 +59,7 @@ def refusal_counter(registry: CollectorRegistry) -> Counter:
     return Counter(
         "edged_http_refused_connections",
         "HTTP connections answered with a refusal and closed, by endpoint and reason (connection_limit, timeout, "
-        "body_too_large)",
+        "body_too_large, too_many_chunks)",
         ["endpoint", "reason"],
         registry=registry,
     )
@@ -70,6 +73,7 @@ class ConnectionLimits:
     min_body_rate: int = 1024  # bytes per second
     keepalive_timeout_s: float = 30.0
     max_body_size: int = 64 * 1024 * 1024
+    max_chunks: int = 65536  # per chunked request body
 
 
 class _Refusals:
@@ -116,6 +120,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._timer: Any = None  # asyncio.TimerHandle
         self._received = 0  # bytes, all told
         self._window_start = 0  # self._received when the current body window began
+        self._chunks = 0  # chunk headers of the current request's body
         self._refused = False
 
     # --- the connection --------------------------------------------------------------------------------------
@@ -157,6 +162,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if not self._refused:
             super().on_body(body)
 
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+        # The zero-length chunk that ends a body has a header too: it does not count against the limit. A request
+        # queued behind one still unanswered is refused once its turn comes (a refusal now would overtake that
+        # answer); until then reading is paused, so what it sends meanwhile is one read's worth at most.
+        if self._chunks > self.limits.max_chunks + 1 and not self._refused and not self.pipeline:
+            self._refuse(400, f"request body sent in more than {self.limits.max_chunks} chunks", linger=True)
+
     def on_message_complete(self) -> None:
         if self._refused:
             return
@@ -170,6 +183,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         refused (and answered) for its declared size; otherwise its body's clock starts."""
         if self._refused:
             return False
+        self._chunks = 0
         busy = self.cycle is not None and not self.cycle.response_complete
         # Behind an answer still owed, a refusal would overtake it: the route refuses in order instead.
         refusal = None if busy else declared_too_large(content_length, self.limits.max_body_size)

@@ -164,6 +164,12 @@ class InferHttpProtocol(LimitedHttpProtocol):
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)  # a graceful shutdown waits for it, as for uvicorn's own
 
+    def _refuse(self, status: int, message: str, *, linger: bool) -> None:
+        # The parser may still call back for the rest of the data in hand: a refused request is no longer ours, so
+        # its body is dropped and it is never answered a second time.
+        self._inference = None
+        super()._refuse(status, message, linger=linger)
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         answering = self._answering
