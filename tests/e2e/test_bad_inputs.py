@@ -662,11 +662,6 @@ class TestNoInternalNames:
             assert not [word for word in _forbidden_words(site) if word in message], message
             assert "Traceback" not in message
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="a Python model's exception text reaches the client unchanged, as in Triton, paths included; "
-        "the Python backend does not yet rewrite the model's folder out of it",
-    )
     def test_a_python_models_exception_does_not_name_its_folder(self, site: Site) -> None:
         reply = post_json(
             site.server.http_url,
@@ -675,6 +670,8 @@ class TestNoInternalNames:
         )
         message = _expect(reply, 500, "FileNotFoundError")
         assert not [word for word in _forbidden_words(site) if word in message], message
+        # The rest of the model's text passes: the file it wanted, inside its folder.
+        assert "<folder of model 'leaky'>" in message
 
 
 # ------------------------------------------------------------------------------------------------------------

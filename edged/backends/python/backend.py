@@ -158,6 +158,8 @@ class PythonBackend:
         interpreter = stub_interpreter(
             context.model_name, parameters.get("EXECUTION_ENV_PATH", ""), context.model_dir, settings.env_cache_dir
         )
+        folder = f"<folder of model '{context.model_name}'>"
+        private = {str(context.model_dir): folder, os.path.realpath(context.model_dir): folder}
         state = ModelState(
             config=config,
             settings_timeout_s=settings.stub_timeout_s,
@@ -178,6 +180,8 @@ class PythonBackend:
             },
             record_metric=self.record_metric,
             host=self._host,
+            # Longest first: the resolved folder may contain the given one, or the reverse.
+            private_paths=tuple(sorted(private.items(), key=lambda item: -len(item[0]))),
         )
         instances = _start_instances(state, instance_placements(config, context.devices))
         # Behind the dynamic batcher a stub takes one batch at a time, so that requests wait in the batcher's queue

@@ -338,7 +338,7 @@ class PythonInstance:
                     error["msg"],
                     message["trace"],
                 )
-            failure = self._error(str(error["msg"]))
+            failure = self._error(self._state.for_client(str(error["msg"])))
             if self._state.decoupled:
                 for rid in batch.rids:
                     self._end_stream(rid, failure)

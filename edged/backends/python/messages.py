@@ -71,7 +71,7 @@ def read_response(
     failure = spec.get("error")
     if failure is not None:
         code = ErrorCode.__members__.get(str(failure.get("code")), ErrorCode.INTERNAL)
-        return EdgedError(code, str(failure.get("msg", "")))
+        return EdgedError(code, state.for_client(str(failure.get("msg", ""))))
     model = state.config.name
     outputs: list[InferOutput] = []
     for desc in spec.get("outputs", []):

@@ -29,6 +29,8 @@ class ModelState:
     # The backend's custom-metric bookkeeping: (instance name, a stub's metric message).
     record_metric: Callable[[str, dict[str, Any]], None]
     host: ServerApi | None
+    # Where the model lies on this device (its folder, as given and resolved) -> what a client is told instead.
+    private_paths: tuple[tuple[str, str], ...] = ()
 
     output_types: dict[str, str] = field(init=False)
     output_names: list[str] = field(init=False)
@@ -37,6 +39,14 @@ class ModelState:
     iterative: bool = field(init=False)
     # Outputs the model answered with that its configuration does not declare as they came (logged once each).
     warned_outputs: set[str] = field(init=False, default_factory=set)
+
+    def for_client(self, text: str) -> str:
+        """A model's own error text as a client may see it. The text passes as the model wrote it (as in Triton)
+        but for the model's folder, named by what it is rather than where: a path tells a client how the device is
+        laid out (the daemon's log keeps the full text)."""
+        for path, name in self.private_paths:
+            text = text.replace(path, name)
+        return text
 
     def __post_init__(self) -> None:
         self.output_types = {o.name: WIRE_NAME_BY_CONFIG.get(o.data_type, "") for o in self.config.output}
