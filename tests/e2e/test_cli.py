@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,18 +85,21 @@ def test_check_repo_on_a_missing_directory(tmp_path: Path) -> None:
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
     http, metrics, grpc = free_ports(3)
-    return _edged(
-        "serve",
-        "--http-address",
-        "127.0.0.1",
-        "--http-port",
-        str(http),
-        "--metrics-port",
-        str(metrics),
-        "--grpc-port",
-        str(grpc),
-        *args,
-    )
+    with tempfile.TemporaryDirectory(prefix="edged-cli-") as state:  # never the user's own state directory
+        return _edged(
+            "serve",
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            str(http),
+            "--metrics-port",
+            str(metrics),
+            "--grpc-port",
+            str(grpc),
+            "--state-dir",
+            state,
+            *args,
+        )
 
 
 def test_serve_refuses_a_missing_repository(tmp_path: Path) -> None:

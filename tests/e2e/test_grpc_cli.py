@@ -50,7 +50,7 @@ def test_message_size_must_fit_grpc(small_repository: Path, value: str, capsys: 
     assert "--grpc-max-message-size" in capsys.readouterr().err
 
 
-def test_grpc_port_in_use_exits_with_one_clear_line(small_repository: Path) -> None:
+def test_grpc_port_in_use_exits_with_one_clear_line(small_repository: Path, tmp_path: Path) -> None:
     http_port, metrics_port, grpc_port = free_ports(3)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", grpc_port))
@@ -73,6 +73,9 @@ def test_grpc_port_in_use_exits_with_one_clear_line(small_repository: Path) -> N
                 "127.0.0.1",
                 "--grpc-port",
                 str(grpc_port),
+                # Never the user's own state directory.
+                "--state-dir",
+                str(tmp_path / "state"),
             ],
             capture_output=True,
             text=True,
