@@ -499,16 +499,26 @@ def _send_raw(server: Server, path: str, headers: dict[str, str], body: bytes) -
 
 
 FEW_CHUNKS: Final = 8
+SHALLOW: Final = 4
 
 
 @pytest.fixture(scope="module")
 def few_chunks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A daemon that takes bodies of at most FEW_CHUNKS chunks, with a slow model to pipeline requests behind."""
+    """A daemon that takes bodies of at most FEW_CHUNKS chunks (and JSON at most SHALLOW levels deep), with a slow
+    model to pipeline requests behind."""
     repo = tmp_path_factory.mktemp("few-chunks") / "repo"
     modelgen.write_add_sub(repo / "add_sub", max_batch_size=8, dims=16, dtype="FP32")
     _python_model(repo, "sleeper", SLEEPER_MODEL, RAISER_CONFIG % "sleeper")
-    with run_server([repo], f"--http-max-chunks={FEW_CHUNKS}") as server:
+    with run_server([repo], f"--http-max-chunks={FEW_CHUNKS}", f"--http-max-json-depth={SHALLOW}") as server:
         yield server
+
+
+@pytest.mark.parametrize(
+    "path", ["/v2/repository/index", "/v2/repository/models/add_sub/load", "/v2/logging", "/v2/models/add_sub/infer"]
+)
+def test_the_json_depth_limit_holds_on_every_route(few_chunks: Server, path: str) -> None:
+    deep = b'{"a":' + b"[" * SHALLOW + b"]" * SHALLOW + b"}"
+    _expect(request(few_chunks.http_url, "POST", path, deep), 400, f"nested more than {SHALLOW} levels deep")
 
 
 def _read_until_closed(sock: socket.socket) -> bytes:

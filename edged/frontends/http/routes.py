@@ -47,6 +47,12 @@ def _service(request: Request[Any, Any, Any]) -> InferenceService:
     return service
 
 
+def _decode(request: Request[Any, Any, Any], body: bytes) -> Any:
+    """A JSON body, within --http-max-json-depth as the infer route is."""
+    options: HttpOptions = request.app.state.options
+    return decode_json(body, options.max_json_depth)
+
+
 def _version(text: str | None) -> int:
     """URL versions must be digits; anything else is an unknown path, as in Triton's router."""
     if text is not None and not (text.isascii() and text.isdigit()):
@@ -121,7 +127,7 @@ async def logging_setting(request: Request[Any, Any, Any]) -> Response[bytes]:
         body = await request.body()
         if not body.strip():
             raise EdgedError(ErrorCode.INTERNAL, "failed to parse the request JSON buffer: The document is empty. at 0")
-        kserve.update_log_settings(_JsonLogSettings(_json_object(decode_json(body), "logging settings")), "HTTP")
+        kserve.update_log_settings(_JsonLogSettings(_json_object(_decode(request, body), "logging settings")), "HTTP")
     return _json(kserve.log_settings())
 
 
@@ -170,7 +176,7 @@ def system_shm_status(request: Request[Any, Any, Any], region: str = "") -> Resp
 
 @post("/v2/systemsharedmemory/region/{region:str}/register", status_code=200)
 async def system_shm_register(request: Request[Any, Any, Any], region: str) -> Response[bytes]:
-    body = decode_json(await request.body())
+    body = _decode(request, await request.body())
     if not isinstance(body, dict):
         raise EdgedError(
             ErrorCode.INTERNAL, "Unable to parse 'key': attempt to access non-existing object member 'key'"
@@ -223,7 +229,7 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
     body = await request.body()
     ready = False
     if body.strip():
-        parsed = decode_json(body)
+        parsed = _decode(request, body)
         # The Python client sends the JSON string "" for "no options": anything but an object carries none.
         value = parsed.get("ready", False) if isinstance(parsed, dict) else False
         if not isinstance(value, bool):
@@ -243,12 +249,12 @@ def _json_object(parsed: Any, what: str) -> dict[str, Any]:
     return parsed
 
 
-def _repository_parameters(body: bytes, what: str) -> dict[str, Any]:
+def _repository_parameters(request: Request[Any, Any, Any], body: bytes, what: str) -> dict[str, Any]:
     """The ``parameters`` object of a load or unload body (which may be empty); a body that is not an object is
     refused (Triton ignores it)."""
     if not body.strip():
         return {}
-    parsed = _json_object(decode_json(body), what)
+    parsed = _json_object(_decode(request, body), what)
     parameters = parsed.get("parameters", {})
     if not isinstance(parameters, dict):
         raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-object as object")
@@ -257,7 +263,7 @@ def _repository_parameters(body: bytes, what: str) -> dict[str, Any]:
 
 @post("/v2/repository/models/{model:str}/load", status_code=200)
 async def repository_load(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
-    parameters = _repository_parameters(await request.body(), "load")
+    parameters = _repository_parameters(request, await request.body(), "load")
     config, files = kserve.load_overrides(_JsonLoadParameters(model, parameters))
     await _service(request).load_model(model, config, files)
     return Response(b"", status_code=200)
@@ -291,7 +297,7 @@ class _JsonLoadParameters:
 
 @post("/v2/repository/models/{model:str}/unload", status_code=200)
 async def repository_unload(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
-    dependents = _repository_parameters(await request.body(), "unload").get("unload_dependents", False)
+    dependents = _repository_parameters(request, await request.body(), "unload").get("unload_dependents", False)
     await _service(request).unload_model(model, unload_dependents=dependents is True)
     return Response(b"", status_code=200)
 
@@ -406,4 +412,5 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
         logging_config=None,
     )
     app.state.service = service
+    app.state.options = options
     return InferRoute(app, service, options)
