@@ -9,7 +9,9 @@ import dataclasses
 import logging
 import resource
 import socket
+import ssl
 from collections.abc import Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -23,6 +25,7 @@ from edged.frontends.http import (
     create_http_app,
 )
 from edged.frontends.metrics.endpoint import MetricsCollector, create_metrics_app
+from edged.frontends.tls import GrpcTls, HttpTls, TlsError, TlsFiles
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -116,6 +119,107 @@ class BoundSockets:
                 sock.close()
 
 
+class EndpointTls:
+    """The TLS of every endpoint that has it: the files read and checked before the models load (a bad file fails
+    the start at once, naming it), and read again on reload (``rotate``), keeping the old pair when the new one
+    cannot be used. The metrics endpoint shares the HTTP endpoint's files, and its context when both use TLS."""
+
+    name = "TLS"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.http: HttpTls | None = None
+        self.metrics: HttpTls | None = None
+        self.grpc: GrpcTls | None = None
+
+    async def start(self) -> None:
+        settings = self._settings
+        try:
+            http = _http_files(settings, settings.http_use_ssl or settings.http_use_ssl_mutual, "--http-use-ssl")
+            if http is not None:
+                self.http = HttpTls(http)
+            metrics = _http_files(settings, settings.allow_metrics and settings.metrics_use_ssl, "--metrics-use-ssl")
+            if metrics is not None:
+                self.metrics = self.http or HttpTls(metrics)
+            grpc_files = _grpc_files(
+                settings, settings.allow_grpc and (settings.grpc_use_ssl or settings.grpc_use_ssl_mutual)
+            )
+            if grpc_files is not None:
+                self.grpc = GrpcTls(grpc_files)
+        except TlsError as exc:
+            raise StartupError(str(exc)) from None
+        for what, tls in (("HTTP", self.http), ("metrics", self.metrics), ("gRPC", self.grpc)):
+            if tls is not None:
+                mutual = ", mutual: clients need a certificate signed by " if tls.files.client_ca else ""
+                log.info("%s over TLS with %s%s%s", what, tls.files.cert, mutual, tls.files.client_ca or "")
+
+    def stopping(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def rotate(self, settings: Settings) -> None:
+        """Re-read the files ``settings`` name (whether TLS is on, and mutual, stays as the daemon started); each
+        endpoint says in one line whether it took the new pair or kept the old one, and why."""
+        # Mutual or not stays as started: a changed --*-use-ssl-mutual is reported as a restart-only change.
+        settings = dataclasses.replace(
+            settings,
+            http_use_ssl_mutual=self._settings.http_use_ssl_mutual,
+            grpc_use_ssl_mutual=self._settings.grpc_use_ssl_mutual,
+        )
+        endpoints: list[tuple[str, HttpTls | GrpcTls, str]] = []
+        if self.http is not None:
+            endpoints.append(("HTTP", self.http, "--http-use-ssl"))
+        if self.metrics is not None and self.metrics is not self.http:
+            endpoints.append(("metrics", self.metrics, "--metrics-use-ssl"))
+        if self.grpc is not None:
+            endpoints.append(("gRPC", self.grpc, "--grpc-use-ssl"))
+        for what, tls, flag in endpoints:
+            try:
+                new = _grpc_files(settings, True) if isinstance(tls, GrpcTls) else _http_files(settings, True, flag)
+                assert new is not None  # asked for with TLS on
+                tls.rotate(new)
+            except TlsError as exc:
+                log.error("reload: the %s endpoint keeps its TLS certificate: %s", what, exc)
+            else:
+                log.info("reload: the %s endpoint's TLS certificate was re-read from %s", what, tls.files.cert)
+
+
+def _http_files(settings: Settings, wanted: bool, flag: str) -> TlsFiles | None:
+    return _tls_files(
+        "http",
+        flag,
+        wanted,
+        settings.http_use_ssl_mutual,
+        (settings.http_server_cert, settings.http_server_key, settings.http_root_cert),
+    )
+
+
+def _grpc_files(settings: Settings, wanted: bool) -> TlsFiles | None:
+    return _tls_files(
+        "grpc",
+        "--grpc-use-ssl",
+        wanted,
+        settings.grpc_use_ssl_mutual,
+        (settings.grpc_server_cert, settings.grpc_server_key, settings.grpc_root_cert),
+    )
+
+
+def _tls_files(
+    prefix: str, flag: str, wanted: bool, mutual: bool, paths: tuple[Path | None, Path | None, Path | None]
+) -> TlsFiles | None:
+    """The files an endpoint's TLS reads, or None without TLS; TlsError when a file it needs is not named."""
+    if not wanted:
+        return None
+    cert, key, root = paths
+    if cert is None or key is None:
+        raise TlsError(f"{flag} needs --{prefix}-server-cert and --{prefix}-server-key")
+    if mutual and root is None:
+        raise TlsError(f"--{prefix}-use-ssl-mutual needs --{prefix}-root-cert (the CA of the client certificates)")
+    return TlsFiles(cert, key, root if mutual else None)
+
+
 class UvicornEndpoint:
     """An HTTP server on a bound socket. ``task`` ends when the server does (asked to, or not)."""
 
@@ -143,23 +247,23 @@ class UvicornEndpoint:
 
 
 def http_endpoint(
-    settings: Settings, service: InferenceService, sock: socket.socket, refused: Counter
+    settings: Settings, service: InferenceService, sock: socket.socket, refused: Counter, tls: HttpTls | None = None
 ) -> UvicornEndpoint:
     options = HttpOptions(max_input_size=settings.http_max_input_size)
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused)
-    config = _uvicorn_config(create_http_app(service, options), settings, protocol)
+    config = _uvicorn_config(create_http_app(service, options), settings, protocol, tls)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
 
 
 def metrics_endpoint(
-    settings: Settings, collector: MetricsCollector, sock: socket.socket, refused: Counter
+    settings: Settings, collector: MetricsCollector, sock: socket.socket, refused: Counter, tls: HttpTls | None = None
 ) -> UvicornEndpoint:
     limits = dataclasses.replace(
         connection_limits(settings), max_connections=METRICS_MAX_CONNECTIONS, max_body_size=METRICS_MAX_BODY_SIZE
     )
     protocol = LimitedHttpProtocol.limited(limits, "metrics", refused)
     return UvicornEndpoint(
-        "the metrics endpoint", _uvicorn_config(create_metrics_app(collector), settings, protocol), sock
+        "the metrics endpoint", _uvicorn_config(create_metrics_app(collector), settings, protocol, tls), sock
     )
 
 
@@ -184,9 +288,10 @@ class SystemMetricsPart:
 class GrpcEndpoint:
     name = "the gRPC endpoint"
 
-    def __init__(self, settings: Settings, service: InferenceService) -> None:
+    def __init__(self, settings: Settings, service: InferenceService, tls: GrpcTls | None = None) -> None:
         self._settings = settings
         self._service = service
+        self._tls = tls
         self.server: GrpcServer | None = None
 
     async def start(self) -> None:
@@ -199,7 +304,8 @@ class GrpcEndpoint:
             idle_timeout_s=settings.grpc_idle_timeout_secs,
         )
         try:
-            self.server = GrpcServer(self._service, settings.grpc_address, settings.grpc_port, options)
+            credentials = self._tls.credentials if self._tls is not None else None
+            self.server = GrpcServer(self._service, settings.grpc_address, settings.grpc_port, options, credentials)
         except RuntimeError as exc:
             # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.
             raise StartupError(f"the gRPC endpoint failed to start: {exc}") from None
@@ -222,7 +328,15 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _uvicorn_config(app: Any, settings: Settings, protocol: type[LimitedHttpProtocol]) -> uvicorn.Config:
+def _uvicorn_config(
+    app: Any, settings: Settings, protocol: type[LimitedHttpProtocol], tls: HttpTls | None
+) -> uvicorn.Config:
+    context = tls.context if tls is not None else None
+
+    def tls_context(_config: uvicorn.Config, _default: Any) -> ssl.SSLContext:
+        assert context is not None
+        return context
+
     return uvicorn.Config(
         app,
         # uvicorn's httptools protocol with connection bounds (edged.frontends.http.limits); the HTTP endpoint's
@@ -239,6 +353,8 @@ def _uvicorn_config(app: Any, settings: Settings, protocol: type[LimitedHttpProt
         timeout_keep_alive=protocol.limits.keepalive_timeout_s,  # type: ignore[arg-type]
         # At shutdown, requests still running after this long are cancelled.
         timeout_graceful_shutdown=max(1, round(settings.exit_timeout_secs)),
+        # The context edged built (and rotates), not one uvicorn would build from file names.
+        ssl_context_factory=tls_context if context is not None else None,
     )
 
 

@@ -457,8 +457,15 @@ def bind_address(address: str, port: int) -> str:
 class GrpcServer:
     """The gRPC endpoint: both services on one grpc.aio server, on the running event loop."""
 
-    def __init__(self, service: InferenceService, address: str, port: int, options: GrpcOptions) -> None:
-        """Binds the address; raises RuntimeError when it cannot be bound."""
+    def __init__(
+        self,
+        service: InferenceService,
+        address: str,
+        port: int,
+        options: GrpcOptions,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
+        """Binds the address, over TLS when given ``credentials``; raises RuntimeError when it cannot be bound."""
         self.address = bind_address(address, port)
         self._options = options
         self._server = grpc.aio.server(
@@ -477,7 +484,10 @@ class GrpcServer:
         self._servicer = InferenceServicer(service)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(service), self._server)
-        self._server.add_insecure_port(self.address)
+        if credentials is None:
+            self._server.add_insecure_port(self.address)
+        else:
+            self._server.add_secure_port(self.address, credentials)
 
     async def start(self) -> None:
         await self._server.start()
