@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -119,7 +120,8 @@ def presented(port: int, ca: trustme.CA, *, grpc: bool = False) -> str:
     ):
         peer = tls.getpeercert()
     assert peer is not None
-    return next(str(value) for rdn in peer["subject"] for key, value in rdn if key == "commonName")
+    subject: Any = peer["subject"]  # typed as any of getpeercert()'s values
+    return next(str(value) for rdn in subject for key, value in rdn if key == "commonName")
 
 
 @pytest.fixture
