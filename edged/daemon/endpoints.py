@@ -321,11 +321,39 @@ class GrpcEndpoint:
 
 
 class _Server(uvicorn.Server):
-    """A uvicorn server that leaves signals to the daemon, which stops every server together."""
+    """A uvicorn server that leaves signals to the daemon, which stops every server together, and bounds TLS
+    handshakes."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        config = self.config
+        protocol = config.http_protocol_class
+        if config.ssl is None or sockets is None or not issubclass(protocol, LimitedHttpProtocol):
+            await super().startup(sockets)
+            return
+        # As uvicorn's, but with the handshake held to the header timeout (a new connection must begin its first
+        # request within it): asyncio gives a client that never sends its ClientHello a minute, and the connection
+        # limit cannot count it before the protocol's connection_made, which comes after the handshake.
+        await self.lifespan.startup()
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return protocol(config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=_loop)
+
+        loop = asyncio.get_running_loop()
+        self.servers = [
+            await loop.create_server(
+                create_protocol,
+                sock=sock,
+                ssl=config.ssl,
+                backlog=config.backlog,
+                ssl_handshake_timeout=protocol.limits.header_timeout_s,
+            )
+            for sock in sockets
+        ]
+        self.started = True
 
 
 def _uvicorn_config(

@@ -34,6 +34,9 @@ from tritonclient.utils import InferenceServerException
 
 HOST = "127.0.0.1"
 RELOAD_TIMEOUT_S = 60.0
+HEADER_TIMEOUT_S = 1.0
+# Longest a timed-out connection may take to be closed beyond its timeout, on a busy machine.
+SLACK_S = 3.0
 
 
 @dataclass
@@ -168,8 +171,20 @@ def test_plaintext_clients_fail_cleanly_and_the_daemon_serves_on(tls_server: Ser
 
 def test_the_connection_limit_holds_over_tls(pki: Pki, bundled_repository: Path) -> None:
     with run_server(
-        [bundled_repository], *tls_flags(pki), "--http-max-connections=2", tls=client_context(pki.ca)
+        [bundled_repository],
+        *tls_flags(pki),
+        "--http-max-connections=2",
+        "--metrics-use-ssl",
+        f"--http-header-timeout-secs={HEADER_TIMEOUT_S}",
+        tls=client_context(pki.ca),
     ) as server:
+        # A client that never begins its handshake is closed within the header timeout, as one that never begins
+        # its request is (the connection limit only counts a connection once its handshake is done).
+        for port in (server.http_port, server.metrics_port):
+            with socket.create_connection((HOST, port), timeout=HEADER_TIMEOUT_S + SLACK_S + 5) as silent:
+                began = time.monotonic()
+                assert silent.recv(1) == b""
+                assert time.monotonic() - began < HEADER_TIMEOUT_S + SLACK_S
         context = client_context(pki.ca)
         held = [context.wrap_socket(socket.create_connection((HOST, server.http_port)), server_hostname=HOST)]
         held.append(context.wrap_socket(socket.create_connection((HOST, server.http_port)), server_hostname=HOST))
