@@ -239,7 +239,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "http-header-timeout-secs",
         "float",
         10.0,
-        "how long a client may take to send a request's headers (and to begin one on a new connection)",
+        "how long a client may take to send a request's headers (and to begin one, or finish its TLS handshake, on "
+        "a new connection)",
         low=0.1,
         high=3600,
         metavar="SECONDS",

@@ -43,6 +43,11 @@ def http_context(files: TlsFiles) -> ssl.SSLContext:
     """A server context for uvicorn (``ssl=``)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # No session resumption: a resumed session skips the certificates, so after a rotation a client could go on
+    # without seeing the new certificate, or without its own being verified against the new client CA. Clients
+    # keep their connections open; a full handshake per new connection is the price.
+    context.options |= ssl.OP_NO_TICKET
+    context.num_tickets = 0
     _read(files.cert)
     _read(files.key)
     try:

@@ -8,6 +8,7 @@ import asyncio
 import http.client
 import socket
 import ssl
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +227,33 @@ def test_a_rotation_that_cannot_be_used_changes_nothing(pki: tuple[trustme.CA, T
         with pytest.raises(TlsError, match="mutual TLS cannot be turned on or off"):
             tls.rotate(_mutual(tmp_path, ca, files))
         assert tls.files == files
+
+
+def test_sessions_are_not_resumed(pki: tuple[trustme.CA, TlsFiles]) -> None:
+    """A resumed session would skip the certificates, and with them a rotation's new pair or client CA."""
+    ca, files = pki
+    server = http_context(files)
+    server_socket = socket.create_server(("127.0.0.1", 0))
+    port = server_socket.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(2):
+            connection, _ = server_socket.accept()
+            with server.wrap_socket(connection, server_side=True) as tls:
+                tls.sendall(b"x")
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    client.check_hostname = False
+    session = None
+    try:
+        for _ in range(2):
+            with client.wrap_socket(socket.create_connection(("127.0.0.1", port)), session=session) as tls:
+                tls.recv(1)
+                assert not tls.session_reused
+                session = tls.session
+    finally:
+        thread.join(10)
+        server_socket.close()
