@@ -162,7 +162,7 @@ class EndpointTls:
     def rotate(self, settings: Settings) -> None:
         """Re-read the files ``settings`` name (whether TLS is on, and mutual, stays as the daemon started); each
         endpoint says in one line whether it took the new pair or kept the old one, and why."""
-        # Mutual or not stays as started: a changed --*-use-ssl-mutual is reported as a restart-only change.
+        # A changed --*-use-ssl-mutual is reported as a change that needs a restart (reload.log_changes).
         settings = dataclasses.replace(
             settings,
             http_use_ssl_mutual=self._settings.http_use_ssl_mutual,
