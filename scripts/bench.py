@@ -735,8 +735,10 @@ class PerfAnalyzer(LoadGenerator):
         if mode.streaming:
             command.append("--streaming")
         if mode.tls:
-            command[command.index("-u") + 1] = f"https://127.0.0.1:{ports.of(mode)}"
             command += self._tls_options(mode)
+            if mode.protocol == "http":
+                # Over HTTP the scheme in the URL is what turns TLS on.
+                command[command.index("-u") + 1] = f"https://127.0.0.1:{ports.http}"
         if mode.shared_memory:
             command += ["--shared-memory", "system", "--output-shared-memory-size", str(model.output_bytes)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
