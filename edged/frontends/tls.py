@@ -67,13 +67,25 @@ def http_context(files: TlsFiles) -> ssl.SSLContext:
 
 
 def grpc_credentials(files: TlsFiles) -> grpc.ServerCredentials:
-    """Credentials for ``server.add_secure_port``. The pair is checked with the standard library first, since grpc
-    would only find a mismatch when the port is added (with a less precise message)."""
+    """Credentials for ``server.add_secure_port``, fixed for the server's life (GrpcTls's can be rotated)."""
+    key, cert, root = _checked_pem(files)
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=root, require_client_auth=root is not None)
+
+
+def _checked_pem(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
+    """The key, certificate and client CA, as grpc takes them, checked with the standard library first (grpc would
+    only find a mismatch in a client's handshake). Read before and after the check, so that what grpc gets is what
+    was checked, even while a renewal is writing the files."""
+    before = _read_pem(files)
     http_context(files)
-    root = _read(files.client_ca) if files.client_ca is not None else None
-    return grpc.ssl_server_credentials(
-        [(_read(files.key), _read(files.cert))], root_certificates=root, require_client_auth=root is not None
-    )
+    pem = _read_pem(files)
+    if pem != before:
+        raise TlsError(f"TLS files {files.cert} and {files.key} changed while being read: reload once they are written")
+    return pem
+
+
+def _read_pem(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
+    return _read(files.key), _read(files.cert), _read(files.client_ca) if files.client_ca is not None else None
 
 
 def _read(path: Path) -> bytes:
@@ -145,10 +157,8 @@ class GrpcTls:
 
 
 def _grpc_configuration(files: TlsFiles) -> grpc.ServerCertificateConfiguration:
-    # Checked with the standard library first: grpc would only find a mismatch in a client's handshake.
-    http_context(files)
-    root = _read(files.client_ca) if files.client_ca is not None else None
-    return grpc.ssl_server_certificate_configuration([(_read(files.key), _read(files.cert))], root_certificates=root)
+    key, cert, root = _checked_pem(files)
+    return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=root)
 
 
 # --- the peer's identity ------------------------------------------------------------------------------------
@@ -196,7 +206,10 @@ def peer_identity_http(scope_or_transport: Mapping[str, Any] | Any) -> str | Non
         tls = scope_or_transport.get("extensions", {}).get("tls")
         name = tls.get("client_cert_name") if tls else None
         return _common_name_of(name) if name else None
-    connection = scope_or_transport.get_extra_info("ssl_object")
+    try:
+        connection = scope_or_transport.get_extra_info("ssl_object")
+    except AttributeError:  # asyncio's TLS transport, once its connection is lost, has nothing to say
+        return None
     peer = connection.getpeercert() if connection is not None else None
     return _common_name(peer["subject"]) if peer else None
 

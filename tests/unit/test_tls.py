@@ -133,11 +133,11 @@ async def _who_over_http(tls: HttpTls, ca: trustme.CA, client_cert: tuple[Path, 
         await send({"type": "http.response.body", "body": b""})
 
     protocol = LimitedHttpProtocol.limited(ConnectionLimits(), "test")
-    transports: list[Any] = []
     original = protocol.connection_made
+    from_transport: list[str] = []
 
     def connection_made(self: LimitedHttpProtocol, transport: Any) -> None:
-        transports.append(transport)
+        from_transport.append(str(peer_identity_http(transport)))
         original(self, transport)
 
     protocol.connection_made = connection_made  # type: ignore[method-assign]
@@ -164,12 +164,11 @@ async def _who_over_http(tls: HttpTls, ca: trustme.CA, client_cert: tuple[Path, 
 
     try:
         await asyncio.to_thread(get)
-        seen.append(str(peer_identity_http(transports[0])))
     finally:
         server.should_exit = True
         await task
         sock.close()
-    return seen
+    return seen + from_transport
 
 
 def test_the_http_peer_identity_is_the_verified_certificates_common_name(
