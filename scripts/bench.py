@@ -31,6 +31,10 @@ so only when there are some, as Triton 2.51 requires) and config.pbtxt. perf_ana
 concurrency 1, 8 and 16 with batch-1 requests (HTTP unless ``--protocols`` says otherwise). Its results go under
 the ``python`` key of bench-results.json, beside what other runs left there.
 
+With ``--tls`` it measures what TLS costs: add_sub on edged over plaintext and over TLS (a certificate made for
+the run by trustme, RSA 2048, TLS 1.3), one daemon after the other in the same run, over HTTP and gRPC unary
+calls at concurrency 1, 8 and 16. Its results go under the ``tls`` key of bench-results.json.
+
 Run it through ``scripts/bench``, which sets up the checkout first::
 
     scripts/bench                       # add_sub and resnet50, every protocol, concurrency 1, 8, 16
@@ -42,6 +46,8 @@ Run it through ``scripts/bench``, which sets up the checkout first::
     scripts/bench --batching --quick    # the same at concurrency 1 and 8, short windows
     scripts/bench --python              # Python-backend add_sub against the ONNX one and Triton (a few minutes)
     scripts/bench --python --quick      # the same with short windows
+    scripts/bench --tls                 # add_sub over TLS against plaintext, HTTP and gRPC (a few minutes)
+    scripts/bench --tls --quick         # the same at concurrency 1 and 8, short windows
 
 perf_analyzer 2.60 loads the CUDA runtime (libcudart) whenever it runs with shared memory, even system shared
 memory, and stops when it cannot. Loading the library needs no GPU, so before the first shared-memory run the
@@ -69,6 +75,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -216,6 +223,7 @@ class Mode:
     protocol: str  # "http" or "grpc"
     streaming: bool = False
     shared_memory: bool = False
+    tls: bool = False
 
 
 MODES: Final = (
@@ -224,6 +232,13 @@ MODES: Final = (
     Mode("grpc stream", "grpc", streaming=True),
     Mode("http shm", "http", shared_memory=True),
     Mode("grpc shm", "grpc", shared_memory=True),
+)
+# --tls: each protocol over plaintext and over TLS, unary calls.
+TLS_MODES: Final = (
+    Mode("http", "http"),
+    Mode("http tls", "http", tls=True),
+    Mode("grpc", "grpc"),
+    Mode("grpc tls", "grpc", tls=True),
 )
 
 
@@ -536,17 +551,19 @@ def free_ports() -> Ports:
             s.close()
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int, tls: ssl.SSLContext | None = None) -> bool:
+    scheme = "https" if tls is not None else "http"
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as reply:
+        with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/v2/health/ready", timeout=2, context=tls) as reply:
             return bool(reply.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 
 
 @contextlib.contextmanager
-def running_server(name: str, command: list[str], http_port: int) -> Iterator[int]:
-    """Starts a server, waits until it reports ready, and stops it (SIGTERM, then SIGKILL) afterwards.
+def running_server(name: str, command: list[str], http_port: int, tls: ssl.SSLContext | None = None) -> Iterator[int]:
+    """Starts a server, waits until it reports ready (over TLS with ``tls``, a client context), and stops it
+    (SIGTERM, then SIGKILL) afterwards.
 
     Yields the id of the session the server runs in (its own process id).
     """
@@ -557,7 +574,7 @@ def running_server(name: str, command: list[str], http_port: int) -> Iterator[in
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         began = time.monotonic()
-        while not _ready(http_port):
+        while not _ready(http_port, tls):
             if process.poll() is not None:
                 raise RuntimeError(
                     f"{name} exited with status {process.returncode} before it was ready; see {log_path}"
@@ -673,6 +690,8 @@ def ensure_cuda_runtime() -> str | None:
 
 class LoadGenerator:
     description = ""
+    # The CA that signed the server's certificate, for the modes over TLS (run_tls).
+    tls_ca: Path | None = None
 
     def supports(self, mode: Mode) -> bool:
         raise NotImplementedError
@@ -715,6 +734,11 @@ class PerfAnalyzer(LoadGenerator):
         ]  # fmt: skip
         if mode.streaming:
             command.append("--streaming")
+        if mode.tls:
+            command += self._tls_options(mode)
+            if mode.protocol == "http":
+                # Over HTTP the scheme in the URL is what turns TLS on.
+                command[command.index("-u") + 1] = f"https://127.0.0.1:{ports.http}"
         if mode.shared_memory:
             command += ["--shared-memory", "system", "--output-shared-memory-size", str(model.output_bytes)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -741,6 +765,19 @@ class PerfAnalyzer(LoadGenerator):
         lines = [line.strip() for line in output.splitlines() if line.strip()]
         return Measurement(error=f"perf_analyzer exited {done.returncode}: {' | '.join(lines[-2:])}")
 
+    def _tls_options(self, mode: Mode) -> list[str]:
+        # Files are read inside perf_analyzer's root: the CA goes to its /tmp.
+        assert self.tls_ca is not None
+        inside = f"/tmp/edged-bench-{os.getpid()}-ca.pem"
+        (PA_ROOT / inside.lstrip("/")).write_bytes(self.tls_ca.read_bytes())
+        if mode.protocol == "grpc":
+            return ["--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", inside]
+        return [
+            "--ssl-https-verify-peer", "1",
+            "--ssl-https-verify-host", "2",
+            "--ssl-https-ca-certificates-file", inside,
+        ]  # fmt: skip
+
 
 class PythonClient(LoadGenerator):
     """A closed loop of tritonclient.http clients, one per thread: used when perf_analyzer is not there.
@@ -751,7 +788,7 @@ class PythonClient(LoadGenerator):
     description = "tritonclient.http threads (perf_analyzer not found), binary tensors, batch 1"
 
     def supports(self, mode: Mode) -> bool:
-        return mode == MODES[0]  # plain HTTP
+        return mode.protocol == "http" and not mode.streaming and not mode.shared_memory
 
     def measure(self, model: BenchModel, mode: Mode, ports: Ports, concurrency: int, label: str) -> Measurement:
         import tritonclient.http as httpclient
@@ -761,7 +798,13 @@ class PythonClient(LoadGenerator):
         deadline = 0.0
 
         def worker() -> list[float]:
-            client = httpclient.InferenceServerClient(f"127.0.0.1:{ports.http}")
+            if mode.tls:
+                assert self.tls_ca is not None
+                client = httpclient.InferenceServerClient(
+                    f"127.0.0.1:{ports.http}", ssl=True, ssl_options={"ca_certs": str(self.tls_ca)}
+                )
+            else:
+                client = httpclient.InferenceServerClient(f"127.0.0.1:{ports.http}")
             inputs = []
             for name, array in feeds.items():
                 tensor = httpclient.InferInput(name, list(array.shape), "FP32")
@@ -804,17 +847,20 @@ def measure_server(
     retries: Retries,
     concurrencies: Sequence[int] = CONCURRENCIES,
     count_batches: bool = False,
+    tls: ssl.SSLContext | None = None,
+    name: str | None = None,
 ) -> None:
     """Measures each model, mode and concurrency on one server; ``count_batches`` also records the mean batch
-    the server executed, from its statistics."""
+    the server executed, from its statistics. ``tls``: the server serves HTTP over TLS, and this client context
+    trusts it; ``name``: the server's, for its log and messages (the label by default)."""
     try:
-        with running_server(label, command, ports.http) as session:
+        with running_server(name or label, command, ports.http, tls) as session:
             for model in models:
                 for mode in modes:
                     for concurrency in concurrencies:
                         if mode.shared_memory and shm.unavailable:
                             continue
-                        where = f"{label} {model.name} {mode.name} c={concurrency}"
+                        where = f"{name or label} {model.name} {mode.name} c={concurrency}"
                         measure = functools.partial(load.measure, model, mode, ports, concurrency, label)
                         if count_batches:
                             measure = functools.partial(_batches_counted, measure, ports.http, model.name)
@@ -835,9 +881,11 @@ def measure_server(
                                 f"p99 {p99}{batch}{unstable} [{result.seconds:.0f} s]{_busy_note(result)}"
                             )
     except RuntimeError as exc:
-        say(f"{label}: FAILED: {exc}")
+        say(f"{name or label}: FAILED: {exc}")
+        names = {mode.name for mode in modes}
         for row in rows.values():
-            setattr(row, label, Measurement(error=str(exc)))
+            if row.protocol in names:
+                setattr(row, label, Measurement(error=str(exc)))
 
 
 def _execution_counts(http_port: int, model: str) -> tuple[int, int] | None:
@@ -1287,6 +1335,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only the dynamic-batching comparison on resnet50 (HTTP unless --protocols says otherwise)",
     )
     phase.add_argument(
+        "--tls",
+        action="store_true",
+        help="only the TLS comparison: add_sub on edged over TLS against plaintext (HTTP and gRPC unless "
+        "--protocols says otherwise)",
+    )
+    phase.add_argument(
         "--python",
         action="store_true",
         help="only the Python-backend comparison: add_sub_python against the ONNX add_sub and Triton's Python "
@@ -1307,7 +1361,9 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.monotonic()
     models = bench_models(args.quick)
-    if args.batching or args.python:
+    if args.tls:
+        modes = [m for m in TLS_MODES if m.protocol in (args.protocols or PROTOCOLS)]
+    elif args.batching or args.python:
         # Unary calls without shared memory: these phases are about the server, not about how tensors travel.
         protocols = args.protocols or ("http",)
         modes = [m for m in MODES if m.protocol in protocols and not m.streaming and not m.shared_memory]
@@ -1325,6 +1381,7 @@ def main(argv: list[str] | None = None) -> int:
 
     BENCH_DIR.mkdir(exist_ok=True)
     if not (args.batching or args.python):
+        models = [m for m in models if m.name == "add_sub"] if args.tls else models
         prepare_models(models)
 
     load: LoadGenerator
@@ -1353,6 +1410,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_batching(args.quick, args.skip_triton, modes, load, machine, argv, began)
     if args.python:
         return run_python(args.quick, args.skip_triton, modes, load, machine, argv, began)
+    if args.tls:
+        return run_tls(args.quick, models, modes, load, machine, argv, began)
     rows = {(m.name, p.name, c): Row(m.name, c, p.name) for m in models for p in modes for c in CONCURRENCIES}
 
     retries = Retries(RETRY_BUDGET_S / 4 if args.quick else RETRY_BUDGET_S)
@@ -1442,6 +1501,8 @@ def edged_command(ports: Ports) -> list[str]:
         "--http-address", "127.0.0.1", "--http-port", str(ports.http),
         "--grpc-address", "127.0.0.1", "--grpc-port", str(ports.grpc),
         "--metrics-port", str(ports.metrics),
+        # A state database of its own: the user's may belong to another edged revision.
+        "--state-dir", str((BENCH_DIR / "state").relative_to(ROOT)),
     ]  # fmt: skip
 
 
@@ -1633,6 +1694,141 @@ def run_python(
         },
     )
     print(f"results: {RESULTS_FILE.relative_to(ROOT)}, key python ({time.monotonic() - began:.0f} s)")
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# --tls
+
+TLS_HEADER: Final = (
+    "conc",
+    "protocol",
+    "plaintext infer/s",
+    "plaintext p50 us",
+    "TLS infer/s",
+    "TLS p50 us",
+    "TLS/plaintext",
+    "TLS - plaintext p50 us",
+)
+TLS_TEXT_COLUMNS: Final = 2
+
+
+def tls_table(pairs: Sequence[tuple[Row, Row]]) -> str:
+    """One line per concurrency and protocol from pairs of rows: (plaintext, TLS)."""
+    body = [
+        (
+            str(plain.concurrency),
+            plain.protocol,
+            _fmt_measured(plain.edged),
+            _fmt_us(plain.edged.p50_us, plain.edged.stable),
+            _fmt_measured(tls.edged),
+            _fmt_us(tls.edged.p50_us, tls.edged.stable),
+            _fmt_ratio(tls.edged, plain.edged),
+            _p50_difference(tls.edged, plain.edged),
+        )
+        for plain, tls in pairs
+    ]
+    return _markdown(TLS_HEADER, body, TLS_TEXT_COLUMNS)
+
+
+def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate it signed for 127.0.0.1, made for this run: (CA, certificate, key)."""
+    import trustme  # a test dependency, which scripts/setup installs
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    files = (directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    files[0].write_bytes(ca.cert_pem.bytes())
+    files[1].write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    files[2].write_bytes(leaf.private_key_pem.bytes())
+    return files
+
+
+def run_tls(
+    quick: bool,
+    models: Sequence[BenchModel],
+    modes: Sequence[Mode],
+    load: LoadGenerator,
+    machine: dict[str, Any],
+    argv: list[str] | None,
+    began: float,
+) -> int:
+    """The TLS phase: the same model and load on edged over plaintext, then on edged over TLS."""
+    concurrencies = (1, 8) if quick else CONCURRENCIES
+    retries = Retries(RETRY_BUDGET_S / 4 if quick else RETRY_BUDGET_S)
+    rows = {(m.name, mode.name, c): Row(m.name, c, mode.name) for m in models for mode in modes for c in concurrencies}
+    shm = SharedMemory()  # not used: these rows send tensors over the socket
+    ca, cert, key = make_certificates(BENCH_DIR / "tls")
+    load.tls_ca = ca
+    client = ssl.create_default_context(cafile=ca)
+
+    busy: dict[str, float] = {}
+    plain_modes = [m for m in modes if not m.tls]
+    ports = free_ports()
+    busy["edged"] = check_idle("edged")
+    measure_server("edged", edged_command(ports), ports, models, plain_modes, load, rows, shm, retries, concurrencies)
+    ports = free_ports()
+    tls_flags = [
+        f"--{wire}-{flag}" for wire in ("http", "grpc") for flag in (f"server-cert={cert}", f"server-key={key}")
+    ]
+    command = [*edged_command(ports), "--http-use-ssl", "--grpc-use-ssl", *tls_flags]
+    busy["edged tls"] = check_idle("edged tls")
+    tls_modes = [m for m in modes if m.tls]
+    measure_server(
+        "edged",
+        command,
+        ports,
+        models,
+        tls_modes,
+        load,
+        rows,
+        shm,
+        retries,
+        concurrencies,
+        tls=client,
+        name="edged-tls",
+    )
+
+    pairs = [
+        (rows[m.name, mode.name, c], rows[m.name, f"{mode.name} tls", c])
+        for m in models
+        for c in concurrencies
+        for mode in plain_modes
+    ]
+    measured = [row.edged for pair in pairs for row in pair]
+    print()
+    print(tls_table(pairs))
+    print()
+    print(f"machine: {machine['cpus']} CPUs, {machine['cpu_model']}; onnxruntime {ort.__version__}")
+    print(f"servers: {load.description}; conc = requests in flight (perf_analyzer --concurrency-range)")
+    print(
+        "model: add_sub (FP32 [1,16]); TLS: a certificate made for the run (trustme: RSA 2048), the client "
+        "verifies it; connections are kept open, so the handshake is paid once per client"
+    )
+    if machine["edged"]:
+        print(f"edged: {machine['edged']}")
+    labelled = [(row, "edged", row.edged) for pair in pairs for row in pair]
+    failed = print_caveats(measured, measured, busy, labelled)
+
+    save_results(
+        "tls",
+        {
+            **_run_info(argv, machine, load),
+            "protocols": [m.name for m in modes],
+            "cpu_busy_before": busy,
+            "rows": [
+                {
+                    "concurrency": plain.concurrency,
+                    "protocol": plain.protocol,
+                    "plaintext": asdict(plain.edged),
+                    "tls": asdict(tls.edged),
+                }
+                for plain, tls in pairs
+            ],
+        },
+    )
+    print(f"results: {RESULTS_FILE.relative_to(ROOT)}, key tls ({time.monotonic() - began:.0f} s)")
     return 1 if failed else 0
 
 

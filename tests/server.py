@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -79,8 +80,12 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _is_live(port: int) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+def _is_live(port: int, tls: ssl.SSLContext | None = None) -> bool:
+    conn = (
+        http.client.HTTPSConnection("127.0.0.1", port, timeout=2, context=tls)
+        if tls is not None
+        else http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    )
     try:
         conn.request("GET", "/v2/health/live")
         # 401/403: the endpoint answers, and the daemon guards its health API (--guarded-apis, restricted APIs).
@@ -104,9 +109,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def run_server(repositories: list[Path], *extra_args: str) -> Iterator[Server]:
+def run_server(repositories: list[Path], *extra_args: str, tls: ssl.SSLContext | None = None) -> Iterator[Server]:
     """Starts ``edged serve`` on the repositories and yields it once ``GET /v2/health/live`` answers 200 and the
-    daemon has logged that it is ready."""
+    daemon has logged that it is ready; ``tls``: the client context to ask with, when HTTP is served over TLS."""
     http_port, metrics_port, grpc_port = free_ports(3)
     args = [sys.executable, "-m", "edged", "serve"]
     for repository in repositories:
@@ -135,7 +140,7 @@ def run_server(repositories: list[Path], *extra_args: str) -> Iterator[Server]:
         server = Server(process, http_port, metrics_port, grpc_port, log_file, args)
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while READY_MARKER not in server.log() or not _is_live(http_port):
+            while READY_MARKER not in server.log() or not _is_live(http_port, tls):
                 if process.poll() is not None:
                     pytest.fail(f"edged exited with status {process.returncode} while starting:\n{server.log()}")
                 if time.monotonic() > deadline:

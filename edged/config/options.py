@@ -184,6 +184,46 @@ def _port(name: str, default: int, help_text: str) -> Option:
     return Option(name, "int", default, help_text, low=0, high=65535, metavar="PORT")
 
 
+def _tls_options(prefix: str, endpoint: str) -> tuple[Option, ...]:
+    """``--<prefix>-use-ssl``, ``-use-ssl-mutual``, ``-server-cert``, ``-server-key`` and ``-root-cert``."""
+    return (
+        Option(f"{prefix}-use-ssl", "bool", False, f"serve {endpoint} over TLS", metavar="BOOL"),
+        Option(
+            f"{prefix}-use-ssl-mutual",
+            "bool",
+            False,
+            f"serve {endpoint} over mutual TLS: clients must present a certificate signed by --{prefix}-root-cert "
+            f"(implies --{prefix}-use-ssl)",
+            metavar="BOOL",
+        ),
+        Option(
+            f"{prefix}-server-cert",
+            "path",
+            None,
+            f"{endpoint} TLS: the server certificate (PEM, then any intermediates); re-read on reload",
+            metavar="PATH",
+            unset="none",
+        ),
+        Option(
+            f"{prefix}-server-key",
+            "path",
+            None,
+            f"{endpoint} TLS: the server certificate's private key (PEM); re-read on reload",
+            metavar="PATH",
+            unset="none",
+        ),
+        Option(
+            f"{prefix}-root-cert",
+            "path",
+            None,
+            f"{endpoint} mutual TLS: the CA certificates (PEM) that client certificates must be signed by; re-read "
+            "on reload",
+            metavar="PATH",
+            unset="none",
+        ),
+    )
+
+
 OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "model-repository",
@@ -213,7 +253,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "http-header-timeout-secs",
         "float",
         10.0,
-        "how long a client may take to send a request's headers (and to begin one on a new connection)",
+        "how long a client may take to send a request's headers (and to begin one, or finish its TLS handshake, on "
+        "a new connection)",
         low=0.1,
         high=3600,
         metavar="SECONDS",
@@ -353,6 +394,17 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "bool",
         True,
         "let clients on the loopback interface (tools on the device) call guarded APIs without a token",
+        metavar="BOOL",
+    ),
+    # TLS: gRPC with Triton's own flags, HTTP with flags of the same shape; the metrics port reuses HTTP's files.
+    *_tls_options("grpc", "gRPC"),
+    *_tls_options("http", "HTTP"),
+    Option(
+        "metrics-use-ssl",
+        "bool",
+        False,
+        "serve /metrics over TLS with the HTTP endpoint's files (--http-server-cert, --http-server-key, and "
+        "--http-root-cert when --http-use-ssl-mutual)",
         metavar="BOOL",
     ),
     Option(

@@ -43,6 +43,17 @@ class Settings:
     grpc_idle_timeout_secs: float
     grpc_max_message_size: int
     access: AccessOptions
+    grpc_use_ssl: bool
+    grpc_use_ssl_mutual: bool
+    grpc_server_cert: Path | None
+    grpc_server_key: Path | None
+    grpc_root_cert: Path | None
+    http_use_ssl: bool
+    http_use_ssl_mutual: bool
+    http_server_cert: Path | None
+    http_server_key: Path | None
+    http_root_cert: Path | None
+    metrics_use_ssl: bool
     allow_client_shm: bool
     allow_metrics: bool
     metrics_address: str | None

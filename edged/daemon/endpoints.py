@@ -9,7 +9,9 @@ import dataclasses
 import logging
 import resource
 import socket
+import ssl
 from collections.abc import Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -26,6 +28,7 @@ from edged.frontends.http import (
 )
 from edged.frontends.http.access import http_category
 from edged.frontends.metrics.endpoint import MetricsCollector, create_metrics_app
+from edged.frontends.tls import GrpcTls, HttpTls, TlsError, TlsFiles
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -120,6 +123,107 @@ class BoundSockets:
                 sock.close()
 
 
+class EndpointTls:
+    """The TLS of every endpoint that has it: the files read and checked before the models load (a bad file fails
+    the start at once, naming it), and read again on reload (``rotate``), keeping the old pair when the new one
+    cannot be used. The metrics endpoint shares the HTTP endpoint's files, and its context when both use TLS."""
+
+    name = "TLS"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.http: HttpTls | None = None
+        self.metrics: HttpTls | None = None
+        self.grpc: GrpcTls | None = None
+
+    async def start(self) -> None:
+        settings = self._settings
+        try:
+            http = _http_files(settings, settings.http_use_ssl or settings.http_use_ssl_mutual, "--http-use-ssl")
+            if http is not None:
+                self.http = HttpTls(http)
+            metrics = _http_files(settings, settings.allow_metrics and settings.metrics_use_ssl, "--metrics-use-ssl")
+            if metrics is not None:
+                self.metrics = self.http or HttpTls(metrics)
+            grpc_files = _grpc_files(
+                settings, settings.allow_grpc and (settings.grpc_use_ssl or settings.grpc_use_ssl_mutual)
+            )
+            if grpc_files is not None:
+                self.grpc = GrpcTls(grpc_files)
+        except TlsError as exc:
+            raise StartupError(str(exc)) from None
+        for what, tls in (("HTTP", self.http), ("metrics", self.metrics), ("gRPC", self.grpc)):
+            if tls is not None:
+                mutual = ", mutual: clients need a certificate signed by " if tls.files.client_ca else ""
+                log.info("%s over TLS with %s%s%s", what, tls.files.cert, mutual, tls.files.client_ca or "")
+
+    def stopping(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def rotate(self, settings: Settings) -> None:
+        """Re-read the files ``settings`` name (whether TLS is on, and mutual, stays as the daemon started); each
+        endpoint says in one line whether it took the new pair or kept the old one, and why."""
+        # A changed --*-use-ssl-mutual is reported as a change that needs a restart (reload.log_changes).
+        settings = dataclasses.replace(
+            settings,
+            http_use_ssl_mutual=self._settings.http_use_ssl_mutual,
+            grpc_use_ssl_mutual=self._settings.grpc_use_ssl_mutual,
+        )
+        endpoints: list[tuple[str, HttpTls | GrpcTls, str]] = []
+        if self.http is not None:
+            endpoints.append(("HTTP", self.http, "--http-use-ssl"))
+        if self.metrics is not None and self.metrics is not self.http:
+            endpoints.append(("metrics", self.metrics, "--metrics-use-ssl"))
+        if self.grpc is not None:
+            endpoints.append(("gRPC", self.grpc, "--grpc-use-ssl"))
+        for what, tls, flag in endpoints:
+            try:
+                new = _grpc_files(settings, True) if isinstance(tls, GrpcTls) else _http_files(settings, True, flag)
+                assert new is not None  # asked for with TLS on
+                tls.rotate(new)
+            except TlsError as exc:
+                log.error("reload: the %s endpoint keeps its TLS certificate: %s", what, exc)
+            else:
+                log.info("reload: the %s endpoint's TLS certificate was re-read from %s", what, tls.files.cert)
+
+
+def _http_files(settings: Settings, wanted: bool, flag: str) -> TlsFiles | None:
+    return _tls_files(
+        "http",
+        flag,
+        wanted,
+        settings.http_use_ssl_mutual,
+        (settings.http_server_cert, settings.http_server_key, settings.http_root_cert),
+    )
+
+
+def _grpc_files(settings: Settings, wanted: bool) -> TlsFiles | None:
+    return _tls_files(
+        "grpc",
+        "--grpc-use-ssl",
+        wanted,
+        settings.grpc_use_ssl_mutual,
+        (settings.grpc_server_cert, settings.grpc_server_key, settings.grpc_root_cert),
+    )
+
+
+def _tls_files(
+    prefix: str, flag: str, wanted: bool, mutual: bool, paths: tuple[Path | None, Path | None, Path | None]
+) -> TlsFiles | None:
+    """The files an endpoint's TLS reads, or None without TLS; TlsError when a file it needs is not named."""
+    if not wanted:
+        return None
+    cert, key, root = paths
+    if cert is None or key is None:
+        raise TlsError(f"{flag} needs --{prefix}-server-cert and --{prefix}-server-key")
+    if mutual and root is None:
+        raise TlsError(f"--{prefix}-use-ssl-mutual needs --{prefix}-root-cert (the CA of the client certificates)")
+    return TlsFiles(cert, key, root if mutual else None)
+
+
 class UvicornEndpoint:
     """An HTTP server on a bound socket. ``task`` ends when the server does (asked to, or not)."""
 
@@ -147,26 +251,36 @@ class UvicornEndpoint:
 
 
 def http_endpoint(
-    settings: Settings, service: InferenceService, sock: socket.socket, refused: Counter, access: AccessPolicy
+    settings: Settings,
+    service: InferenceService,
+    sock: socket.socket,
+    refused: Counter,
+    access: AccessPolicy,
+    tls: HttpTls | None = None,
 ) -> UvicornEndpoint:
     options = HttpOptions(max_input_size=settings.http_max_input_size, max_json_depth=settings.http_max_json_depth)
     # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
     fast_infer = access.is_open(Category.INFERENCE, "http")
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
     app = AccessMiddleware(create_http_app(service, options), access, "http", http_category)
-    config = _uvicorn_config(app, settings, protocol)
+    config = _uvicorn_config(app, settings, protocol, tls)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
 
 
 def metrics_endpoint(
-    settings: Settings, collector: MetricsCollector, sock: socket.socket, refused: Counter, access: AccessPolicy
+    settings: Settings,
+    collector: MetricsCollector,
+    sock: socket.socket,
+    refused: Counter,
+    access: AccessPolicy,
+    tls: HttpTls | None = None,
 ) -> UvicornEndpoint:
     limits = dataclasses.replace(
         connection_limits(settings), max_connections=METRICS_MAX_CONNECTIONS, max_body_size=METRICS_MAX_BODY_SIZE
     )
     protocol = LimitedHttpProtocol.limited(limits, "metrics", refused)
     app = AccessMiddleware(create_metrics_app(collector), access, "metrics", lambda _method, _path: Category.METRICS)
-    return UvicornEndpoint("the metrics endpoint", _uvicorn_config(app, settings, protocol), sock)
+    return UvicornEndpoint("the metrics endpoint", _uvicorn_config(app, settings, protocol, tls), sock)
 
 
 class SystemMetricsPart:
@@ -190,10 +304,13 @@ class SystemMetricsPart:
 class GrpcEndpoint:
     name = "the gRPC endpoint"
 
-    def __init__(self, settings: Settings, service: InferenceService, access: AccessPolicy) -> None:
+    def __init__(
+        self, settings: Settings, service: InferenceService, access: AccessPolicy, tls: GrpcTls | None = None
+    ) -> None:
         self._settings = settings
         self._service = service
         self._access = access
+        self._tls = tls
         self.server: GrpcServer | None = None
 
     async def start(self) -> None:
@@ -207,7 +324,10 @@ class GrpcEndpoint:
             max_queued_stream_bytes=settings.grpc_max_queued_stream_bytes,
         )
         try:
-            self.server = GrpcServer(self._service, settings.grpc_address, settings.grpc_port, options, self._access)
+            credentials = self._tls.credentials if self._tls is not None else None
+            self.server = GrpcServer(
+                self._service, settings.grpc_address, settings.grpc_port, options, credentials, self._access
+            )
         except RuntimeError as exc:
             # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.
             raise StartupError(f"the gRPC endpoint failed to start: {exc}") from None
@@ -223,14 +343,50 @@ class GrpcEndpoint:
 
 
 class _Server(uvicorn.Server):
-    """A uvicorn server that leaves signals to the daemon, which stops every server together."""
+    """A uvicorn server that leaves signals to the daemon, which stops every server together, and bounds TLS
+    handshakes."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        config = self.config
+        protocol = config.http_protocol_class
+        if config.ssl is None or sockets is None or not issubclass(protocol, LimitedHttpProtocol):
+            await super().startup(sockets)
+            return
+        # As uvicorn's, but with the handshake held to the header timeout (a new connection must begin its first
+        # request within it): asyncio gives a client that never sends its ClientHello a minute, and the connection
+        # limit cannot count it before the protocol's connection_made, which comes after the handshake.
+        await self.lifespan.startup()
 
-def _uvicorn_config(app: Any, settings: Settings, protocol: type[LimitedHttpProtocol]) -> uvicorn.Config:
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return protocol(config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=_loop)
+
+        loop = asyncio.get_running_loop()
+        self.servers = [
+            await loop.create_server(
+                create_protocol,
+                sock=sock,
+                ssl=config.ssl,
+                backlog=config.backlog,
+                ssl_handshake_timeout=protocol.limits.header_timeout_s,
+            )
+            for sock in sockets
+        ]
+        self.started = True
+
+
+def _uvicorn_config(
+    app: Any, settings: Settings, protocol: type[LimitedHttpProtocol], tls: HttpTls | None
+) -> uvicorn.Config:
+    context = tls.context if tls is not None else None
+
+    def tls_context(_config: uvicorn.Config, _default: Any) -> ssl.SSLContext:
+        assert context is not None
+        return context
+
     return uvicorn.Config(
         app,
         # uvicorn's httptools protocol with connection bounds (edged.frontends.http.limits); the HTTP endpoint's
@@ -247,6 +403,8 @@ def _uvicorn_config(app: Any, settings: Settings, protocol: type[LimitedHttpProt
         timeout_keep_alive=protocol.limits.keepalive_timeout_s,  # type: ignore[arg-type]
         # At shutdown, requests still running after this long are cancelled.
         timeout_graceful_shutdown=max(1, round(settings.exit_timeout_secs)),
+        # The context edged built (and rotates), not one uvicorn would build from file names.
+        ssl_context_factory=tls_context if context is not None else None,
     )
 
 

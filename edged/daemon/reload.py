@@ -22,6 +22,10 @@ log = logging.getLogger("edged")
 
 # Settings a running daemon has no use for after it started: a reload that changes them changes nothing.
 _START_ONLY = frozenset({"exit_on_error", "load_models"})
+# The TLS files a reload reads again itself (EndpointTls.rotate), and says so.
+_RELOADED = frozenset(
+    f"{endpoint}_{name}" for endpoint in ("http", "grpc") for name in ("server_cert", "server_key", "root_cert")
+)
 
 
 def read_settings() -> Settings:
@@ -33,7 +37,7 @@ def log_changes(running: Settings, read: Settings) -> None:
     """Name each setting the reload found changed; none of them applies before a restart."""
     for item in dataclasses.fields(running):
         old, new = getattr(running, item.name), getattr(read, item.name)
-        if old == new:
+        if old == new or item.name in _RELOADED:
             continue
         if item.name in _START_ONLY:
             log.info("reload: %s changed to %r; it only matters at start", item.name, new)
@@ -47,8 +51,10 @@ async def reload(
     running: Settings,
     reread: Callable[[], Settings],
     status: Callable[[], str],
+    rotate: Callable[[Settings], None] | None = None,
 ) -> None:
-    """Re-read the configuration, then rescan the repositories, between RELOADING=1 and READY=1.
+    """Re-read the configuration and the TLS files (``rotate``, with the files the configuration names now, or the
+    running one's when it cannot be read), then rescan the repositories, between RELOADING=1 and READY=1.
 
     The rescan is poll mode's (ModelController.poll_once): models added, changed or removed are loaded, reloaded
     or unloaded without downtime. It runs twice, as two polls would, so that a folder that stopped changing at
@@ -62,8 +68,11 @@ async def reload(
             read = reread()
         except config.ConfigError as exc:
             log.error("reload: the configuration was not re-read (%s); the running one stays", exc)
+            read = running
         else:
             log_changes(running, read)
+        if rotate is not None:
+            rotate(read)
         if controller.mode is ControlMode.EXPLICIT:
             log.info("reload: model control mode is explicit; models load and unload through the repository API")
         else:

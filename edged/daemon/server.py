@@ -6,7 +6,8 @@ shares (the repositories checked, the state database opened, the service with it
 start in this order:
 
 1. ``core``: what Core.build made, released last;
-2. ``sockets``: the HTTP and metrics ports, bound before the models load so that a port in use fails at once;
+2. ``sockets``: the HTTP and metrics ports, bound before the models load so that a port in use fails at once,
+   and ``TLS``: the endpoints' certificates, read and checked then too;
 3. ``models``: model control, which loads what this mode serves;
 4. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC;
 5. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
@@ -35,6 +36,7 @@ from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.daemon.endpoints import (
     BoundSockets,
+    EndpointTls,
     GrpcEndpoint,
     StartupError,
     SystemMetricsPart,
@@ -264,10 +266,11 @@ async def serve(settings: Settings, reread: Callable[[], Settings] = read_settin
 async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: ServiceNotifier) -> int:
     core: Core | None = None
     readiness: ReadinessPart | None = None
+    tls = EndpointTls(settings)
 
     async def on_reload() -> None:
         assert core is not None and readiness is not None  # reloads run once the daemon is ready
-        await reload(notifier, core.controller, settings, reread, readiness.status)
+        await reload(notifier, core.controller, settings, reread, readiness.status, tls.rotate)
 
     signals = Signals(on_reload)
     signals.install()  # before anything slow: SIGHUP's default action would end the daemon
@@ -278,7 +281,7 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
         core = Core.build(settings)
         readiness = ReadinessPart(core, settings, notifier, signals)
         endpoints: list[UvicornEndpoint] = []
-        for part in _parts(core, settings, readiness, endpoints):
+        for part in _parts(core, settings, readiness, tls, endpoints):
             await parts.start(part)
             if signals.stop.is_set():
                 return 0
@@ -303,16 +306,17 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
 
 
 def _parts(
-    core: Core, settings: Settings, readiness: ReadinessPart, endpoints: list[UvicornEndpoint]
+    core: Core, settings: Settings, readiness: ReadinessPart, tls: EndpointTls, endpoints: list[UvicornEndpoint]
 ) -> Iterator[Part]:
     """The parts in start order: a generator, so that each endpoint is built once its socket is bound; the HTTP
     and metrics endpoints are added to ``endpoints`` as they are built (their ending unasked ends the daemon)."""
     sockets = BoundSockets(settings)
     yield CorePart(core)
     yield sockets
+    yield tls
     yield ModelsPart(core, settings)
     assert sockets.http is not None
-    http = http_endpoint(settings, core.service, sockets.http, core.refused, core.access)
+    http = http_endpoint(settings, core.service, sockets.http, core.refused, core.access, tls.http)
     endpoints.append(http)
     yield http
     if settings.allow_metrics:
@@ -323,11 +327,11 @@ def _parts(
         yield SystemMetricsPart(system)
         families = ModelMetrics(core.service, settings.metrics_config, core.latencies)
         collector = MetricsCollector(families, system, core.backends.custom_metrics, core.registry)
-        metrics = metrics_endpoint(settings, collector, sockets.metrics, core.refused, core.access)
+        metrics = metrics_endpoint(settings, collector, sockets.metrics, core.refused, core.access, tls.metrics)
         endpoints.append(metrics)
         yield metrics
     if settings.allow_grpc:
-        yield GrpcEndpoint(settings, core.service, core.access)
+        yield GrpcEndpoint(settings, core.service, core.access, tls.grpc)
     yield readiness
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter
 
 from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal
+from edged.frontends.tls import peer_identity_http
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -70,7 +71,9 @@ class AccessMiddleware:
         category = self._categorize(scope["method"], scope["path"])
         client = scope.get("client")
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
-        caller = Caller(self._wire, client[0] if client else None, headers)  # type: ignore[arg-type]
+        # A verified client certificate (mutual TLS) may stand for a role: --client-certificate-role.
+        certificate = peer_identity_http(scope)
+        caller = Caller(self._wire, client[0] if client else None, headers, certificate)  # type: ignore[arg-type]
         try:
             actor = self._policy.check(category, caller)
         except AccessDenied as denied:

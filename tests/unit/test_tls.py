@@ -1,16 +1,33 @@
 """edged.frontends.tls with certificates made by trustme: real handshakes in memory (ssl.MemoryBIO) between a client
-context and the server context edged builds, plain and mutual, and one clear error for each kind of bad file."""
+context and the server context edged builds, plain and mutual, and one clear error for each kind of bad file; the
+peer's identity as real HTTP (uvicorn with edged's protocol) and gRPC servers in the test's process see it."""
 
 from __future__ import annotations
 
+import asyncio
+import http.client
+import socket
 import ssl
+import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 import trustme
+import uvicorn
 
-from edged.frontends.tls import TlsError, TlsFiles, grpc_credentials, http_context
+from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
+from edged.frontends.tls import (
+    GrpcTls,
+    HttpTls,
+    TlsError,
+    TlsFiles,
+    grpc_credentials,
+    http_context,
+    peer_identity_grpc,
+    peer_identity_http,
+)
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -90,3 +107,152 @@ def test_bad_files_are_named(pki: tuple[trustme.CA, TlsFiles], tmp_path: Path) -
 def test_grpc_credentials_from_the_same_files(pki: tuple[trustme.CA, TlsFiles]) -> None:
     _, files = pki
     assert isinstance(grpc_credentials(files), grpc.ServerCredentials)
+
+
+# --- the peer's identity, through real servers --------------------------------------------------------------
+
+
+def _mutual(tmp_path: Path, ca: trustme.CA, files: TlsFiles) -> TlsFiles:
+    return TlsFiles(files.cert, files.key, _write(tmp_path / "clients.pem", ca.cert_pem.bytes()))
+
+
+def _client_pair(tmp_path: Path, ca: trustme.CA, name: str) -> tuple[Path, Path]:
+    leaf = ca.issue_cert("device.local", common_name=name)
+    cert = _write(tmp_path / "device.pem", b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    return cert, _write(tmp_path / "device.key", leaf.private_key_pem.bytes())
+
+
+async def _who_over_http(tls: HttpTls, ca: trustme.CA, client_cert: tuple[Path, Path] | None) -> list[str]:
+    """What a request's ASGI scope and its connection's transport say of the peer, seen by an app behind the HTTP
+    endpoint's protocol (uvicorn with edged's connection bounds)."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(str(peer_identity_http(scope)))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    protocol = LimitedHttpProtocol.limited(ConnectionLimits(), "test")
+    original = protocol.connection_made
+    from_transport: list[str] = []
+
+    def connection_made(self: LimitedHttpProtocol, transport: Any) -> None:
+        from_transport.append(str(peer_identity_http(transport)))
+        original(self, transport)
+
+    protocol.connection_made = connection_made  # type: ignore[method-assign]
+    config = uvicorn.Config(
+        app, http=protocol, loop="none", lifespan="off", log_config=None, ssl_context_factory=lambda _c, _d: tls.context
+    )
+    server = uvicorn.Server(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+
+    def get() -> None:
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        context.check_hostname = False  # the certificate names "edged.local"; its signature is still verified
+        if client_cert is not None:
+            context.load_cert_chain(*client_cert)
+        conn = http.client.HTTPSConnection("127.0.0.1", sock.getsockname()[1], timeout=10, context=context)
+        conn.request("GET", "/")
+        assert conn.getresponse().status == 200
+        conn.close()
+
+    try:
+        await asyncio.to_thread(get)
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    return seen + from_transport
+
+
+def test_the_http_peer_identity_is_the_verified_certificates_common_name(
+    pki: tuple[trustme.CA, TlsFiles], tmp_path: Path
+) -> None:
+    ca, files = pki
+    # Characters RFC 4514 escapes, so the scope's name must be read back exactly.
+    name = 'device-7, site "A"+B'
+    device = _client_pair(tmp_path, ca, name)
+    assert asyncio.run(_who_over_http(HttpTls(_mutual(tmp_path, ca, files)), ca, device)) == [name, name]
+    # Plain TLS asks for no certificate: no identity, from the scope or the transport.
+    assert asyncio.run(_who_over_http(HttpTls(files), ca, device)) == ["None", "None"]
+
+
+async def _who_over_grpc(tls: GrpcTls, ca: trustme.CA, client_cert: tuple[Path, Path] | None) -> str:
+    async def who(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return str(peer_identity_grpc(context)).encode()
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(who)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Peer", {"Who": handler})])
+    port = server.add_secure_port("127.0.0.1:0", tls.credentials)
+    await server.start()
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=ca.cert_pem.bytes(),
+        private_key=client_cert[1].read_bytes() if client_cert else None,
+        certificate_chain=client_cert[0].read_bytes() if client_cert else None,
+    )
+    try:
+        # The server's certificate names "edged.local"; the channel connects by address.
+        options = [("grpc.ssl_target_name_override", "edged.local")]
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options) as channel:
+            reply = await channel.unary_unary("/test.Peer/Who")(b"", timeout=10)
+    finally:
+        await server.stop(None)
+    assert isinstance(reply, bytes)
+    return reply.decode()
+
+
+def test_the_grpc_peer_identity_is_the_verified_certificates_common_name(
+    pki: tuple[trustme.CA, TlsFiles], tmp_path: Path
+) -> None:
+    ca, files = pki
+    device = _client_pair(tmp_path, ca, "device-7")
+    assert asyncio.run(_who_over_grpc(GrpcTls(_mutual(tmp_path, ca, files)), ca, device)) == "device-7"
+    assert asyncio.run(_who_over_grpc(GrpcTls(files), ca, None)) == "None"
+
+
+def test_a_rotation_that_cannot_be_used_changes_nothing(pki: tuple[trustme.CA, TlsFiles], tmp_path: Path) -> None:
+    ca, files = pki
+    bad = TlsFiles(files.cert, _write(tmp_path / "other.key", trustme.CA().issue_cert("x").private_key_pem.bytes()))
+    for tls in (HttpTls(files), GrpcTls(files)):
+        with pytest.raises(TlsError, match="cannot be used together"):
+            tls.rotate(bad)
+        with pytest.raises(TlsError, match="mutual TLS cannot be turned on or off"):
+            tls.rotate(_mutual(tmp_path, ca, files))
+        assert tls.files == files
+
+
+def test_sessions_are_not_resumed(pki: tuple[trustme.CA, TlsFiles]) -> None:
+    """A resumed session would skip the certificates, and with them a rotation's new pair or client CA."""
+    ca, files = pki
+    server = http_context(files)
+    server_socket = socket.create_server(("127.0.0.1", 0))
+    port = server_socket.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(2):
+            connection, _ = server_socket.accept()
+            with server.wrap_socket(connection, server_side=True) as tls:
+                tls.sendall(b"x")
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    client.check_hostname = False
+    session = None
+    try:
+        for _ in range(2):
+            with client.wrap_socket(socket.create_connection(("127.0.0.1", port)), session=session) as tls:
+                tls.recv(1)
+                assert not tls.session_reused
+                session = tls.session
+    finally:
+        thread.join(10)
+        server_socket.close()

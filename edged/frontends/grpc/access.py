@@ -17,6 +17,7 @@ from typing import Any, Final
 import grpc
 
 from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal
+from edged.frontends.tls import peer_identity_grpc
 
 INFERENCE_SERVICE: Final[Mapping[str, Category]] = {
     "ServerLive": Category.HEALTH,
@@ -62,7 +63,7 @@ def guard(servicer: object, policy: AccessPolicy, methods: Mapping[str, Category
 
 def caller(context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
     headers = {str(key).lower(): str(value) for key, value in context.invocation_metadata() or ()}
-    return Caller("grpc", peer_address(context.peer()), headers)
+    return Caller("grpc", peer_address(context.peer()), headers, peer_identity_grpc(context))
 
 
 def peer_address(peer: str | None) -> str | None:

@@ -525,9 +525,11 @@ class GrpcServer:
         address: str,
         port: int,
         options: GrpcOptions,
+        credentials: grpc.ServerCredentials | None = None,
         access: AccessPolicy | None = None,
     ) -> None:
-        """Binds the address; raises RuntimeError when it cannot be bound. ``access``: the policy every RPC passes."""
+        """Binds the address, over TLS when given ``credentials``; raises RuntimeError when it cannot be bound.
+        ``access``: the policy every RPC passes."""
         self.address = bind_address(address, port)
         self._options = options
         self._server = grpc.aio.server(
@@ -550,7 +552,10 @@ class GrpcServer:
             guard(health, access, HEALTH_SERVICE)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(health, self._server)
-        self._server.add_insecure_port(self.address)
+        if credentials is None:
+            self._server.add_insecure_port(self.address)
+        else:
+            self._server.add_secure_port(self.address, credentials)
 
     async def start(self) -> None:
         await self._server.start()

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from edged.frontends.http.infer import declared_too_large
+from edged.frontends.tls import asgi_tls_extension
 
 log = logging.getLogger("edged.frontends.http")
 
@@ -122,11 +123,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._window_start = 0  # self._received when the current body window began
         self._chunks = 0  # chunk headers of the current request's body
         self._refused = False
+        self._extensions: dict[str, Any] | None = None
 
     # --- the connection --------------------------------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        # A TLS connection's peer is known once, after its handshake; each request's scope carries it.
+        tls = asgi_tls_extension(transport)
+        self._extensions = {"tls": tls} if tls is not None else None
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, f"too many connections (at most {self.limits.max_connections})", linger=False)
             return
@@ -151,6 +156,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         super().on_message_begin()
+        if self._extensions is not None:
+            self.scope["extensions"] = self._extensions
         self._expect("headers", self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
