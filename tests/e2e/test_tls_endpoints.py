@@ -169,6 +169,17 @@ def test_plaintext_clients_fail_cleanly_and_the_daemon_serves_on(tls_server: Ser
     assert_grpc_still_serving(grpc_client(tls_server, pki.ca_file))
 
 
+def test_an_idle_tls_client_does_not_hold_the_shutdown(pki: Pki, bundled_repository: Path) -> None:
+    # Closing TLS politely waits for the client's close_notify (asyncio: up to 30 s); run_server fails the test when
+    # the daemon takes more than 10 s to stop.
+    with run_server([bundled_repository], *tls_flags(pki), tls=client_context(pki.ca)) as server:
+        sock = socket.create_connection((HOST, server.http_port), timeout=10)
+        idle = client_context(pki.ca).wrap_socket(sock, server_hostname=HOST)
+        idle.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200")
+    idle.close()
+
+
 def test_the_connection_limit_holds_over_tls(pki: Pki, bundled_repository: Path) -> None:
     with run_server(
         [bundled_repository],

@@ -137,6 +137,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return
         self._expect("request", self.limits.header_timeout_s)
 
+    def shutdown(self) -> None:
+        idle = self.cycle is None or self.cycle.response_complete
+        super().shutdown()
+        if idle and self._extensions is not None:
+            # Closing TLS waits for the client's close_notify, up to asyncio's 30 s: an idle kept-alive client owes
+            # nothing at shutdown, and must not hold the daemon's exit for that long.
+            self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline = None
         if self._timer is not None:
