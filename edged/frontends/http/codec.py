@@ -50,6 +50,11 @@ def decode_json(data: bytes | memoryview) -> Any:
         raise invalid_arg("failed to parse the request JSON buffer: the document is nested too deeply") from None
     except msgspec.DecodeError as exc:
         raise _internal(f"failed to parse the request JSON buffer: {exc}") from None
+    except UnicodeDecodeError as exc:
+        # msgspec raises this, not DecodeError, for a string holding bytes that are not UTF-8.
+        raise _internal(
+            f"failed to parse the request JSON buffer: a string is not valid UTF-8 ({exc.reason})"
+        ) from None
 
 
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
@@ -69,7 +74,7 @@ def _decode_leading_json(body: memoryview) -> Any:
             return decode_json(body)
         # msgspec counts bytes from 1: the document ends just before the byte it names.
         return decode_json(body[: int(match.group(1)) - 1])
-    except RecursionError:
+    except (RecursionError, UnicodeDecodeError):
         return decode_json(body)
 
 
