@@ -474,6 +474,8 @@ pbtxt_tokens = st.sampled_from(
 )
 
 
+# Found by scripts/fuzz: an enum field given a number past int32 raised ValueError from protobuf.
+@example("input [ { name: 'X' data_type: 99999999999 dims: [1] } ]")
 @FAST
 @given(st.lists(pbtxt_tokens, max_size=30).map(" ".join) | st.text(max_size=80))
 def test_config_text_parses_or_is_refused(text: str) -> None:
