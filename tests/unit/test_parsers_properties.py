@@ -24,7 +24,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from edged.core.config.defaults import normalize_model_config
 from edged.core.config.model_config import model_config_from_json, model_config_to_json, parse_model_config
+from edged.core.config.validation import validate_model_config
 from edged.core.confined import PathOutsideRoot, inside
 from edged.core.names import MAX_NAME_BYTES, model_name_problem
 from edged.core.repository.files import make_private_copy, override_path
@@ -493,6 +495,31 @@ def test_config_json_parses_or_is_refused(data: bytes) -> None:
         model_config_from_json(data)
     except EdgedError as exc:
         _assert_client_error(exc, frozenset({ErrorCode.INVALID_ARG}))
+
+
+@FAST
+@given(
+    data_type=st.integers(-(2**31), 2**31 - 1) | st.sampled_from(["TYPE_FP32", "TYPE_STRING", "TYPE_BF16"]),
+    dims=st.lists(st.integers(-2, 4), max_size=3),
+    max_batch_size=st.integers(-1, 8),
+)
+# Found by scripts/fuzz: an enum number no data type has passed validation, then failed building the signature.
+@example(data_type=32, dims=[1], max_batch_size=0)
+def test_parsed_configs_validate_or_are_refused(data_type: int | str, dims: list[int], max_batch_size: int) -> None:
+    text = (
+        f'name: "m" backend: "python" max_batch_size: {max_batch_size} '
+        f'input [ {{ name: "IN" data_type: {data_type} dims: {dims} }} ] '
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]'
+    )
+    try:
+        config = parse_model_config(text, "m/config.pbtxt")
+        normalize_model_config(config, ())
+        validate_model_config(config)
+    except EdgedError as exc:
+        _assert_client_error(exc, frozenset({ErrorCode.INVALID_ARG}))
+        return
+    signature = ModelSignature.from_config(config)
+    assert signature.inputs["IN"].datatype in NUMPY_DTYPE_BY_WIRE_NAME
 
 
 # --- shared memory windows ---------------------------------------------------------------------------------
