@@ -329,8 +329,11 @@ def grpc_stream_loop(daemon: Daemon, workload: Workload, stop: threading.Event) 
 def reload_loop(daemon: Daemon, workload: Workload, stop: threading.Event, period_s: float) -> None:
     import tritonclient.http as httpclient
 
-    with httpclient.InferenceServerClient(daemon.http_url, network_timeout=120) as client:
-        while not stop.wait(period_s):
+    while not stop.wait(period_s):
+        # A client (and connection) per cycle: one kept idle for the period would meet the daemon's keep-alive
+        # timeout (30 s by default) just as it is used again, and tritonclient does not retry a request on a
+        # kept-alive connection that the server has closed.
+        with httpclient.InferenceServerClient(daemon.http_url, network_timeout=120) as client:
             for model in CYCLED:
 
                 def cycle(model: str = model) -> str | None:

@@ -112,16 +112,18 @@ def test_header_length_is_within_the_body_or_refused(value: str | None, body_len
     except EdgedError as exc:
         _assert_client_error(exc, frozenset({ErrorCode.INVALID_ARG}))
         return
-    assert length is None if value is None else 0 <= length <= body_length  # type: ignore[operator]
+    if value is None:
+        assert length is None
+    else:
+        assert length is not None and 0 <= length <= body_length
 
 
 # --- HTTP: the binary tensor extension and JSON tensors ------------------------------------------------------
 
 
-def _binary_body(named: list[tuple[str, str, np.ndarray[Any, Any]]], parameters: dict[str, Any]) -> tuple[bytes, int]:
+def _binary_body(named: list[tuple[str, str, np.ndarray[Any, Any]]]) -> tuple[bytes, int]:
+    """A body as tritonclient sends binary inputs: the JSON header, then each input's bytes in order."""
     header: dict[str, Any] = {"id": "p", "inputs": []}
-    if parameters:
-        header["parameters"] = parameters
     blobs: list[bytes] = []
     for name, datatype, array in named:
         blob = bytes(array_to_binary(array, datatype))
@@ -151,7 +153,7 @@ def _as_bytes(array: np.ndarray[Any, Any]) -> list[bytes]:
 @given(st.lists(tensors(), min_size=1, max_size=3))
 def test_binary_tensors_round_trip(drawn: list[tuple[str, np.ndarray[Any, Any]]]) -> None:
     named = [(f"IN{i}", datatype, array) for i, (datatype, array) in enumerate(drawn)]
-    body, header_length = _binary_body(named, {})
+    body, header_length = _binary_body(named)
     request, binary_default = decode_infer_request("m", -1, body, header_length)
     assert (request.id, binary_default) == ("p", False)
     _check_views_inside(request, body, header_length)
@@ -288,14 +290,16 @@ def bodies(draw: st.DrawFn) -> tuple[bytes, str | None]:
 
 
 def _check_views_inside(request: InferRequest, body: bytes, header_length: int | None) -> None:
-    """Every binary input is a view over the body, after the JSON header, and they do not overlap."""
+    """Every binary input is a view over the body, the blobs follow the JSON header one after the other, and together
+    they reach exactly the end of the body."""
     start = len(body) if header_length is None else header_length
     for tensor in request.inputs:
         if tensor.raw is None:
             continue
         assert isinstance(tensor.raw, memoryview) and tensor.raw.obj is body
+        assert bytes(tensor.raw) == body[start : start + len(tensor.raw)]
         start += len(tensor.raw)
-    assert start == len(body) or all(t.raw is None for t in request.inputs)
+    assert start == len(body)
 
 
 @FAST
@@ -337,7 +341,7 @@ def test_binary_sizes_that_lie_are_refused(
 ) -> None:
     """A header whose binary_data_size values (or a body cut short) disagree with the blobs after it."""
     named = [(f"IN{i}", datatype, array) for i, (datatype, array) in enumerate(drawn)]
-    body, header_length = _binary_body(named, {})
+    body, header_length = _binary_body(named)
     header = msgspec.json.decode(body[:header_length])
     for entry, size in zip(header["inputs"], sizes, strict=False):
         entry["parameters"]["binary_data_size"] = size
@@ -582,8 +586,16 @@ def test_shared_memory_reads_stay_inside_the_window(
 
 
 @FAST
-@given(key=st.text(max_size=20) | st.sampled_from(["/", ".", "..", "/../etc/passwd", "/edged-x", "edged-x", "a/b"]))
-def test_shared_memory_keys_stay_in_dev_shm(key: str) -> None:
+@given(data=st.data())
+def test_shared_memory_keys_stay_in_dev_shm(shm_object: tuple[str, bytes], data: st.DataObject) -> None:
+    real, _ = shm_object
+    # The key of an object that exists, spelled every way a client might (or might try to escape /dev/shm with).
+    spellings = [real, real[1:], f"/..{real}", f"/../shm{real}", f"{real}/", f"/dev/shm{real}", f"{real}\0"]
+    key = data.draw(
+        st.sampled_from(spellings)
+        | st.sampled_from(["", "/", ".", "..", "/../etc/passwd", "/edged-x", "edged-x", "a/b"])
+        | st.text(max_size=20)
+    )
     with _manager() as manager:
         try:
             manager.register_system("r", key, 0, 1)
