@@ -31,10 +31,10 @@ import modelgen  # type: ignore[import-not-found, unused-ignore]
 if TYPE_CHECKING:
     from schemathesis.checks import CheckContext
 
-# Requests per operation and generation mode, and per operation for each model the repository holds: some 500
+# Requests per operation and generation mode, and per operation for each model the repository holds: some 270
 # requests in all, about 20 s on a small machine.
-EXAMPLES: Final = 6
-KNOWN_MODEL_EXAMPLES: Final = 5
+EXAMPLES: Final = 4
+KNOWN_MODEL_EXAMPLES: Final = 4
 MODELS: Final = ("add_sub", "identity_bytes")
 # What edged answers for an unhandled exception; any other 500 is one of Triton's INTERNAL errors.
 UNHANDLED: Final = "internal error"
@@ -177,7 +177,7 @@ def test_every_answer_is_documented(fuzz_server: Server) -> None:
                 fixed = {"model": model, "version": "1"}
                 strategy = operation.as_strategy(path_parameters={k: v for k, v in fixed.items() if k in names})
                 sent += _exercise(strategy, base_url, KNOWN_MODEL_EXAMPLES)
-    assert sent > 300, f"only {sent} requests were sent"
+    assert sent > 200, f"only {sent} requests were sent"
     print(f"{sent} requests")
 
     # Whatever the loads and unloads left, a plain load serves the repository's model again.
