@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import re
 import subprocess
 import sys
@@ -283,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--replay needs exactly one --target")
         return replay(names[0], args.replay)
 
+    if importlib.util.find_spec("atheris") is None:
+        print("fuzz: atheris is not installed: run scripts/fuzz, which installs the 'fuzz' extra", file=sys.stderr)
+        return 2
     failed = False
     print(f"{'target':<10} {'seconds':>8} {'executions':>11} {'exec/s':>8}  findings")
     for name in names:
