@@ -188,6 +188,16 @@ def test_every_answer_is_documented(fuzz_server: Server) -> None:
         assert_still_serving(client)
 
 
+@pytest.mark.parametrize(
+    "path", ["/v2/models/add_sub/infer", "/v2/logging", "/v2/repository/index", "/v2/repository/models/add_sub/load"]
+)
+def test_json_strings_that_are_not_utf8_are_refused(fuzz_server: Server, path: str) -> None:
+    # Found by the property tests: the JSON decoder raised UnicodeDecodeError, answered as an unhandled exception.
+    reply = request(fuzz_server.http_url, "POST", path, b'{"\x80": 1}', {"Content-Type": "application/json"})
+    assert reply.status == 500
+    assert "not valid UTF-8" in reply.error()
+
+
 @pytest.mark.xfail(strict=True, reason="edged bug: history paging past int64 fails in SQLite (OverflowError), a 500")
 def test_history_paging_past_int64_is_refused(tmp_path: Path) -> None:
     # A daemon of its own: the bug logs a traceback, which fails the daemon that logged it.
