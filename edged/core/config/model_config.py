@@ -39,6 +39,10 @@ def parse_model_config(text: str, source: str) -> ModelConfig:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
         raise EdgedError(ErrorCode.INVALID_ARG, _describe_parse_error(exc, text, source)) from None
+    except ValueError as exc:
+        # protobuf checks an enum field's number only when it sets it, and raises ValueError, not ParseError
+        # (e.g. "data_type: 99999999999").
+        raise EdgedError(ErrorCode.INVALID_ARG, f"{source}: {exc}") from None
     return config
 
 

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from edged.core.devices import MIN_COMPUTE_CAPABILITY
+from edged.core.request.datatypes import WIRE_NAME_BY_CONFIG
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -122,6 +123,9 @@ def _validate_tensors(
         seen.add(tensor.name)
         if tensor.data_type == TYPE_INVALID:
             raise _error(f"model {kind} '{tensor.name}' must specify 'data_type' for {model}")
+        if tensor.data_type not in WIRE_NAME_BY_CONFIG:
+            # The enum is open: the text format takes any int32 (data_type: 32) where it takes a name.
+            raise _error(f"model {kind} '{tensor.name}' has unknown 'data_type' {tensor.data_type} for {model}")
         _validate_dims(model, kind, tensor.name, tensor.dims)
         if tensor.HasField("reshape"):
             _validate_reshape(model, kind, tensor.name, tensor.dims, tensor.reshape.shape)

@@ -61,6 +61,11 @@ def decode_json(data: bytes | memoryview, max_depth: int = DEFAULT_MAX_JSON_DEPT
         raise _too_deep(max_depth) from None
     except msgspec.DecodeError as exc:
         raise _internal(f"failed to parse the request JSON buffer: {exc}") from None
+    except UnicodeDecodeError as exc:
+        # msgspec raises this, not DecodeError, for a string holding bytes that are not UTF-8.
+        raise _internal(
+            f"failed to parse the request JSON buffer: a string is not valid UTF-8 ({exc.reason})"
+        ) from None
     return _within_depth(data, document, max_depth)
 
 
@@ -113,6 +118,8 @@ def _decode_leading_json(body: memoryview, max_depth: int) -> Any:
         return decode_json(body[: int(match.group(1)) - 1], max_depth)
     except RecursionError:
         raise _too_deep(max_depth) from None
+    except UnicodeDecodeError:
+        return decode_json(body, max_depth)  # says which string is not UTF-8
 
 
 def _member(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
