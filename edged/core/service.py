@@ -174,8 +174,9 @@ class InferenceService:
 
     async def model_history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         """What happened to a model (every model when ``name`` is None), newest first, and how many events in all."""
-        if offset < 0 or not 1 <= limit <= 1000:
-            raise EdgedError(ErrorCode.INVALID_ARG, "history paging needs offset >= 0 and 1 <= limit <= 1000")
+        # SQLite's integers are 64-bit: an offset past them is no page of anything.
+        if not 0 <= offset < 2**63 or not 1 <= limit <= 1000:
+            raise EdgedError(ErrorCode.INVALID_ARG, "history paging needs 0 <= offset < 2**63 and 1 <= limit <= 1000")
         if name is not None and (problem := model_name_problem(name)) is not None:
             raise EdgedError(ErrorCode.INVALID_ARG, f"'{printable(name)}' cannot be a model name: {problem}")
         if self._controller is None:

@@ -15,8 +15,9 @@ _TOP: Final = {
     "repository": Category.MODEL_REPOSITORY,
     "trace": Category.TRACE,
     "logging": Category.LOGGING,
-    # edged's own: the model history.
+    # edged's own: the model history, and the document of this API.
     "edged": Category.MODEL_REPOSITORY,
+    "openapi.json": Category.METADATA,
 }
 _MODEL: Final = {
     (): Category.METADATA,

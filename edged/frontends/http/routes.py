@@ -24,6 +24,7 @@ from edged.frontends.http.codec import (
     url_version,
 )
 from edged.frontends.http.infer import HttpOptions, InferRoute, status_for
+from edged.frontends.http.openapi import openapi_route
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
@@ -400,6 +401,7 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
             repository_unload,
             model_history,
             named_repository,
+            openapi_route,
         ],
         exception_handlers={
             EdgedError: _edged_error_handler,
