@@ -7,7 +7,7 @@ bytes in UTF-8 (NAME_MAX of Linux file systems). Everything else a folder can be
 folder of a Triton repository keeps its name.
 
 Every entry point that takes a model name from outside (HTTP, gRPC, and the model control they reach) calls
-``check_model_name`` before anything touches the disk; the file operations check again where they happen
+``model_name_problem`` before anything touches the disk; the file operations check again where they happen
 (edged.core.repository.private_copies), so a later caller cannot bring the hole back.
 """
 

@@ -15,6 +15,7 @@ from edged.core.config.model_config import (
     model_config_to_json,
     parse_model_config,
 )
+from edged.core.config.validation import validate_model_config
 from edged.core.request.datatypes import (
     CONFIG_BY_WIRE_NAME,
     ELEMENT_SIZE_BY_WIRE_NAME,
@@ -291,3 +292,26 @@ def test_wire_name_for_numpy() -> None:
     with pytest.raises(EdgedError) as caught:
         wire_name_for_numpy(np.complex64)
     assert caught.value.code is ErrorCode.INVALID_ARG
+
+
+@pytest.mark.parametrize(
+    ("state", "problem"),
+    [
+        ('input_name: "S_IN" output_name: "S_OUT" data_type: 32 dims: [ 1 ]', "unknown 'data_type' 32"),
+        ('input_name: "S_IN" output_name: "S_OUT" dims: [ 1 ]', "unknown 'data_type' 0"),
+        ('output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ]', "both 'input_name' and 'output_name'"),
+        ('input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ -7 ]', "S_IN"),
+    ],
+)
+def test_a_sequence_state_is_validated_as_a_tensor(state: str, problem: str) -> None:
+    # The ONNX backend maps every state's data type when it loads: an unknown one was a KeyError in check-repo.
+    text = (
+        'name: "m" backend: "python" max_batch_size: 0 '
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+        f"sequence_batching {{ state [ {{ {state} }} ] }}"
+    )
+    with pytest.raises(EdgedError) as raised:
+        validate_model_config(parse_model_config(text, "m/config.pbtxt"))
+    assert raised.value.code == ErrorCode.INVALID_ARG
+    assert problem in raised.value.message

@@ -40,6 +40,7 @@ def validate_model_config(config: ModelConfig) -> None:
     _validate_tensors(name, "output", config.output, config.max_batch_size)
     if config.WhichOneof("scheduling_choice") == "dynamic_batching":
         _validate_dynamic_batching(config)
+    _validate_sequence_states(config)
     filename = config.default_model_filename
     if filename and (filename.startswith("/") or ".." in filename.split("/")):
         raise _error(f"default_model_filename '{filename}' must name a file inside the version folder for {name}")
@@ -131,6 +132,19 @@ def _validate_tensors(
             _validate_reshape(model, kind, tensor.name, tensor.dims, tensor.reshape.shape)
         if not tensor.dims:
             raise _error(f"model {kind} '{tensor.name}' must specify 'dims' for {model}")
+
+
+def _validate_sequence_states(config: ModelConfig) -> None:
+    """The implicit state of a sequence model is a tensor the backend outputs and the batcher feeds back: it needs
+    both names, a known data type and dims, as an input or output does."""
+    for state in config.sequence_batching.state:
+        if not state.input_name or not state.output_name:
+            raise _error(f"a sequence state of {config.name} must specify both 'input_name' and 'output_name'")
+        if state.data_type == TYPE_INVALID or state.data_type not in WIRE_NAME_BY_CONFIG:
+            raise _error(
+                f"sequence state '{state.input_name}' has unknown 'data_type' {state.data_type} for {config.name}"
+            )
+        _validate_dims(config.name, "sequence state", state.input_name, state.dims)
 
 
 def _validate_dims(model: str, kind: str, tensor: str, dims: Iterable[int]) -> None:
