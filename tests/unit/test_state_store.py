@@ -60,6 +60,18 @@ def _query(db: Path, sql: str) -> list[tuple[object, ...]]:
         connection.close()
 
 
+def _migrate(db: Path, revision: str) -> None:
+    """Alembic's own upgrade of ``db`` to ``revision``, as an older edged left it or a new one would make it."""
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(db)
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()
+
+
 def _structure(db: Path) -> dict[str, object]:
     """What a schema is, whatever order its columns were added in (ALTER TABLE ADD COLUMN appends): each table's
     columns, indexes, foreign keys and CHECK constraints, and which tables count with AUTOINCREMENT."""
@@ -121,33 +133,21 @@ def test_a_new_database_is_what_every_migration_makes(tmp_path: Path) -> None:
     StateStore.open(tmp_path / "created").close()
     migrated = tmp_path / "migrated" / DB_NAME
     migrated.parent.mkdir()
-    engine = create_engine(f"sqlite:///{migrated}")
-    try:
-        with engine.begin() as connection:
-            config = alembic_config(migrated)
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
-    finally:
-        engine.dispose()
+    _migrate(migrated, "head")
     assert _structure(tmp_path / "created" / DB_NAME) == _structure(migrated)
     assert _query(migrated, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 
 def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_history(tmp_path: Path) -> None:
     db = tmp_path / DB_NAME
-    engine = create_engine(f"sqlite:///{db}")
-    try:
-        with engine.begin() as connection:
-            config = alembic_config(db)
-            config.attributes["connection"] = connection
-            command.upgrade(config, "0001")
-            connection.exec_driver_sql("INSERT INTO models (id, name) VALUES (1, 'add_sub')")
-            connection.exec_driver_sql(
-                "INSERT INTO transitions (model_id, version, state, previous, source, reason, at, duration_s) "
-                "VALUES (1, 1, 'READY', NULL, 'startup', '', '2026-01-01 00:00:00', 0.5)"
-            )
-    finally:
-        engine.dispose()
+    _migrate(db, "0001")
+    with sqlite3.connect(db) as connection:
+        connection.execute("INSERT INTO models (id, name) VALUES (1, 'add_sub')")
+        connection.execute(
+            "INSERT INTO transitions (model_id, version, state, previous, source, reason, at, duration_s) "
+            "VALUES (1, 1, 'READY', NULL, 'startup', '', '2026-01-01 00:00:00', 0.5)"
+        )
+    connection.close()
     with StateStore.open(tmp_path) as store:
         [event] = store.history("add_sub")[0]
         assert (event.state, event.source, event.actor) == ("READY", "startup", None)
