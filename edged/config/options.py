@@ -494,6 +494,14 @@ OPTIONS: Final[tuple[Option, ...]] = (
         unset="$STATE_DIRECTORY, /var/lib/edged under systemd, else $XDG_STATE_HOME/edged or ~/.local/state/edged",
     ),
     Option(
+        "history-per-model",
+        "int",
+        10_000,
+        "model history events kept per model in the state database (the newest; older ones are dropped)",
+        low=100,
+        metavar="N",
+    ),
+    Option(
         "backend-config",
         "str",
         [],

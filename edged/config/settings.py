@@ -70,6 +70,7 @@ class Settings:
     repository_poll_secs: float
     load_models: tuple[str, ...]
     state_dir: Path | None
+    history_per_model: int
     default_max_batch_size: int
     backend_config: dict[str, dict[str, str]]
     exit_timeout_secs: float

@@ -97,7 +97,11 @@ class Core:
             except OSError as exc:
                 raise StartupError(f"model repository '{repository}' cannot be read: {exc.strerror}") from None
         try:
-            store = StateStore.open(settings.state_dir) if settings.state_dir is not None else None
+            store = (
+                StateStore.open(settings.state_dir, settings.history_per_model)
+                if settings.state_dir is not None
+                else None
+            )
         except StateError as exc:
             raise StartupError(str(exc)) from None
         # Worker threads for model executions: enough for every core to be busy in onnxruntime.

@@ -48,6 +48,11 @@ _VERSION_TABLE: Final = (
     "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
     "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"
 )
+# History kept per model by default: the newest events; older ones go (a model reloaded every minute for a week
+# keeps its whole week).
+HISTORY_PER_MODEL: Final = 10_000
+# Pruning runs on one write in this many, so that its cost is spread thin.
+_PRUNE_EVERY: Final = 256
 # How long a write waits for another process's write lock before it fails with "database is locked".
 BUSY_TIMEOUT_S: Final = 5.0
 # An execution option (ours, not SQLAlchemy's) that makes the "begin" hook emit BEGIN IMMEDIATE.
@@ -125,8 +130,9 @@ def alembic_config(db: Path) -> Config:
 class StateStore:
     """The daemon's state: models and versions seen, every state transition, explicit mode's desired set."""
 
-    def __init__(self, path: Path, engine: Engine) -> None:
+    def __init__(self, path: Path, engine: Engine, history_per_model: int = HISTORY_PER_MODEL) -> None:
         """Use ``StateStore.open``, which checks and migrates the database first."""
+        self._history_per_model = history_per_model
         self._path = path
         self._engine = engine
         self._reader = engine
@@ -135,8 +141,9 @@ class StateStore:
         self._closed = False
 
     @classmethod
-    def open(cls, state_dir: Path) -> StateStore:
-        """Opens (creating it if needed) ``<state_dir>/edged.db`` and migrates its schema to this edged's.
+    def open(cls, state_dir: Path, history_per_model: int = HISTORY_PER_MODEL) -> StateStore:
+        """Opens (creating it if needed) ``<state_dir>/edged.db`` and migrates its schema to this edged's; each
+        model's history keeps its newest ``history_per_model`` events.
 
         Raises StateError, naming the file, for a directory that cannot be created or written, a file that is not
         a SQLite database or is corrupt, a schema newer than this edged knows, or a file that is not edged's.
@@ -161,7 +168,7 @@ class StateStore:
         except BaseException:
             engine.dispose()
             raise
-        return cls(db, engine)
+        return cls(db, engine, history_per_model)
 
     @property
     def path(self) -> Path:
@@ -262,7 +269,21 @@ class StateStore:
             )
             session.add(row)
             session.flush()  # assigns row.id
+            if row.id % _PRUNE_EVERY == 0:
+                self._prune(session, model_id)
             return _event(row, name)
+
+    def _prune(self, session: Session, model_id: int) -> None:
+        """Drops the model's events older than its newest ``history_per_model`` (one indexed range delete)."""
+        oldest_kept = session.scalar(
+            select(Transition.id)
+            .where(Transition.model_id == model_id)
+            .order_by(Transition.id.desc())
+            .offset(self._history_per_model - 1)
+            .limit(1)
+        )
+        if oldest_kept is not None:
+            session.execute(delete(Transition).where(Transition.model_id == model_id, Transition.id < oldest_kept))
 
     def history(self, name: str | None, *, offset: int = 0, limit: int = 50) -> tuple[list[HistoryEvent], int]:
         """A page of transitions, newest first, and how many there are in all; ``name`` None: every model's."""

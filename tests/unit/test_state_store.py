@@ -552,3 +552,16 @@ def test_timestamps_are_utc_whatever_the_local_zone(tmp_path: Path, monkeypatch:
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_history_keeps_the_newest_events_of_each_model(tmp_path: Path) -> None:
+    with StateStore.open(tmp_path, history_per_model=5) as store:
+        store.transition("quiet", 1, "READY", "startup")
+        for n in range(520):
+            store.transition("busy", 1, f"S{n}", "poll")
+        events, total = store.history("busy", limit=1000)
+        # Pruned on the writes whose ids are multiples of 256 (512: busy's S510): its newest 5 then, and what came
+        # after.
+        assert total == len(events) == 5 + 9
+        assert [event.state for event in events] == [f"S{n}" for n in range(519, 505, -1)]
+        assert store.history("quiet")[1] == 1
