@@ -60,10 +60,12 @@ class Category(enum.Enum):
     TRACE = "trace"
     LOGGING = "logging"
     METRICS = "metrics"
+    # edged's own: who may call what (API tokens). Always guarded, granted to the admin role only.
+    TOKENS = "tokens"
 
 
 # Triton's categories: the ones a restricted-API group may name.
-TRITON_CATEGORIES: Final = frozenset(Category) - {Category.METRICS}
+TRITON_CATEGORIES: Final = frozenset(Category) - {Category.METRICS, Category.TOKENS}
 GUARDED_BY_DEFAULT: Final = frozenset(
     {Category.MODEL_REPOSITORY, Category.SHARED_MEMORY, Category.LOGGING, Category.TRACE}
 )
@@ -88,7 +90,7 @@ _READ_ONLY: Final = frozenset(
 # viewer: what changes nothing; operator: also what changes the server; admin: also who may (token management).
 GRANTS: Final[Mapping[Role, frozenset[Category]]] = {
     Role.VIEWER: _READ_ONLY,
-    Role.OPERATOR: frozenset(Category),
+    Role.OPERATOR: frozenset(Category) - {Category.TOKENS},
     Role.ADMIN: frozenset(Category),
 }
 
@@ -184,6 +186,30 @@ def parse_categories(text: str) -> frozenset[Category]:
 class TokenStore(Protocol):
     def find_token(self, token_id: str) -> TokenRecord | None: ...
 
+    def add_token(self, token: TokenRecord) -> None: ...
+
+    def tokens(self) -> list[TokenRecord]: ...
+
+    def revoke_token(self, name: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TokenView:
+    """What may be shown of a token: never its secret or its hash."""
+
+    name: str
+    role: str
+    state: Literal["active", "revoked", "expired"]
+    created_at: datetime
+    expires_at: datetime | None
+
+    @classmethod
+    def of(cls, record: TokenRecord) -> TokenView:
+        state: Literal["active", "revoked", "expired"] = "revoked" if record.revoked_at else "active"
+        if state == "active" and record.expires_at is not None and record.expires_at <= datetime.now(UTC):
+            state = "expired"
+        return cls(record.name, record.role, state, record.created_at, record.expires_at)
+
 
 @dataclass(frozen=True, slots=True)
 class NewToken:
@@ -248,6 +274,36 @@ class TokenVerifier:
             return None
         return record
 
+    # --- management (admin): edged token, and the HTTP API ---
+
+    def create(self, name: str, role: Role, expires_at: datetime | None) -> tuple[str, TokenView]:
+        """Makes and stores a token: its secret (shown this once) and what may be shown of it. Blocking (SQLite):
+        call it off the event loop. ValueError says why a token cannot be made (a name taken, no database)."""
+        from edged.state.store import StateError
+
+        if not name or len(name) > 64 or not name.isprintable():
+            raise ValueError("a token name is 1 to 64 printable characters")
+        made = new_token(name, role, expires_at)
+        try:
+            self._store_or_fail().add_token(made.record)
+        except StateError as error:
+            raise ValueError(str(error)) from None
+        return made.secret, TokenView.of(made.record)
+
+    def list(self) -> list[TokenView]:
+        return [TokenView.of(record) for record in self._store_or_fail().tokens()]
+
+    def revoke(self, name: str) -> bool:
+        revoked = self._store_or_fail().revoke_token(name)
+        with self._lock:
+            self._cache.clear()  # this daemon stops honouring it at once, not within TOKEN_CACHE_S
+        return revoked
+
+    def _store_or_fail(self) -> TokenStore:
+        if self.store is None:
+            raise ValueError("API tokens need the state database (--state-dir)")
+        return self.store
+
     def _lookup(self, token_id: str) -> TokenRecord | None:
         now = self.clock()
         with self._lock:
@@ -295,9 +351,13 @@ class AccessPolicy:
             "metrics": {},
         }
 
+    @property
+    def tokens(self) -> TokenVerifier:
+        return self._tokens
+
     def is_open(self, category: Category, wire: str) -> bool:
         """Whether every caller may use ``category`` over ``wire`` (nothing to check, nothing to record)."""
-        return category not in self._restricted[wire] and category not in self._options.guarded
+        return category not in self._restricted[wire] and not self._guarded(category)
 
     def check(self, category: Category, caller: Caller) -> str:
         try:
@@ -324,7 +384,7 @@ class AccessPolicy:
                     Refusal.RESTRICTED, f"This {what} is restricted, expecting header '{group.key}'", header=group.key
                 )
             return "restricted-header"
-        if category not in self._options.guarded:
+        if not self._guarded(category):
             return _open_actor(caller)
         token = bearer(caller.headers)
         if token is not None:
@@ -342,6 +402,10 @@ class AccessPolicy:
             f"the {category.value} API needs an API token from this address: send 'Authorization: Bearer <token>' "
             "(edged token create)",
         )
+
+    def _guarded(self, category: Category) -> bool:
+        # Token management is never open, whatever --guarded-apis says: it would hand out every other category.
+        return category in self._options.guarded or category is Category.TOKENS
 
     @staticmethod
     def _granted(category: Category, role: Role, actor: str) -> str:

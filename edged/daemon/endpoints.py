@@ -262,7 +262,7 @@ def http_endpoint(
     # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
     fast_infer = access.is_open(Category.INFERENCE, "http")
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
-    app = AccessMiddleware(create_http_app(service, options), access, "http", http_category)
+    app = AccessMiddleware(create_http_app(service, options, access), access, "http", http_category)
     config = _uvicorn_config(app, settings, protocol, tls)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
 

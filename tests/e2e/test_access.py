@@ -76,7 +76,7 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tokens(state_dir: Path) -> dict[str, str]:
     """An operator's and a viewer's token, made with `edged token create` before the daemon starts."""
     made = {}
-    for name, role in (("ci-bot", "operator"), ("dashboard", "viewer"), ("old-laptop", "operator")):
+    for name, role in (("ci-bot", "operator"), ("dashboard", "viewer"), ("old-laptop", "operator"), ("root", "admin")):
         result = _edged("token", "--state-dir", str(state_dir), "create", "--name", name, "--role", role)
         assert result.returncode == 0, result.stderr
         made[name] = result.stdout.strip()
@@ -308,6 +308,33 @@ def test_tokens_are_stored_as_hashes_and_listed_without_secrets(state_dir: Path,
     assert (missing.returncode, missing.stderr.strip()) == (1, "edged: no active token named 'nobody'")
     bad = _edged("token", "--state-dir", str(state_dir), "create", "--name", "x", "--role", "viewer", "--expires", "1y")
     assert bad.returncode == 1 and "--expires" in bad.stderr
+
+
+def test_an_admin_manages_tokens_over_http(guarded: Server, outside_address: str, tokens: dict[str, str]) -> None:
+    remote = f"{outside_address}:{guarded.http_port}"
+    admin, operator = _bearer(tokens["root"]), _bearer(tokens["ci-bot"])
+    # Only an admin's token, from another address (loopback is trusted, as for the other guarded APIs).
+    assert request(remote, "GET", "/v2/edged/tokens").status == 401
+    reply = request(remote, "GET", "/v2/edged/tokens", headers=operator)
+    assert (reply.status, reply.json()) == (403, {"error": "the operator role does not grant the tokens API"})
+    made = post_json(remote, "/v2/edged/tokens", {"name": "camera-3", "role": "operator", "expires_in_s": 3600}, admin)
+    assert made.status == 200, made.body
+    secret = made.json()["token"]
+    assert made.json()["state"] == "active" and made.json()["expires_at"]
+    listed = request(remote, "GET", "/v2/edged/tokens", headers=admin).json()["tokens"]
+    assert {"camera-3", "ci-bot", "root"} <= {token["name"] for token in listed}
+    assert secret not in json.dumps(listed) and all("token" not in token for token in listed)
+    assert request(remote, "POST", "/v2/repository/index", "{}", _bearer(secret)).status == 200
+    taken = post_json(remote, "/v2/edged/tokens", {"name": "camera-3", "role": "admin"}, admin)
+    assert (taken.status, taken.json()) == (400, {"error": "a token named 'camera-3' exists already"})
+    for bad in ({"name": "x"}, {"name": "x", "role": "root"}, {"name": "", "role": "viewer"}, {"role": "viewer"}):
+        assert post_json(remote, "/v2/edged/tokens", bad, admin).status == 400, bad
+    # Revoked through the API: refused by this daemon at once.
+    assert request(remote, "DELETE", "/v2/edged/tokens/camera-3", headers=admin).status == 200
+    assert request(remote, "POST", "/v2/repository/index", "{}", _bearer(secret)).status == 401
+    gone = request(remote, "DELETE", "/v2/edged/tokens/camera-3", headers=admin)
+    assert (gone.status, gone.json()) == (404, {"error": "no active token named 'camera-3'"})
+    assert "API token 'camera-3' (operator) created by token:root" in guarded.log()
 
 
 # --- Triton's restricted APIs, and everything guarded -----------------------------------------------------------

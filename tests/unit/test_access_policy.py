@@ -70,6 +70,8 @@ def test_every_http_route_has_its_tritons_category() -> None:
         "/v2/edged/history": Category.MODEL_REPOSITORY,
         "/v2/edged/models/{model}/history": Category.MODEL_REPOSITORY,
         "/v2/openapi.json": Category.METADATA,
+        "/v2/edged/tokens": Category.TOKENS,
+        "/v2/edged/tokens/{name}": Category.TOKENS,
     }
     # Every route the app serves is listed above: a new route must be given its category.
     served = {
@@ -80,7 +82,7 @@ def test_every_http_route_has_its_tritons_category() -> None:
     for template, category in expected.items():
         # (A model named "stats" has no metadata route: /v2/models/stats is every model's statistics, as in Triton.)
         for model in ("add_sub", "versions", "ready", "config", "infer"):
-            path = template.format(model=model, version="3", region="r", repository="x")
+            path = template.format(model=model, version="3", region="r", repository="x", name="ci-bot")
             assert http_category("POST", path) is category, path
             assert http_category("GET", path + "/") is category, path + "/"
     # Unknown paths count as the most guarded category.
@@ -106,6 +108,15 @@ class _Store:
     def find_token(self, token_id: str) -> TokenRecord | None:
         self.lookups += 1
         return self.records.get(token_id)
+
+    def add_token(self, token: TokenRecord) -> None:
+        self.records[token.token_id] = token
+
+    def tokens(self) -> list[TokenRecord]:
+        return list(self.records.values())
+
+    def revoke_token(self, name: str) -> bool:
+        return False
 
 
 def _caller(peer: str, **headers: str) -> Caller:
@@ -151,6 +162,12 @@ def test_checks_in_order_restricted_then_guarded_then_open() -> None:
     ]
     assert not policy.is_open(Category.LOGGING, "http") and policy.is_open(Category.LOGGING, "grpc") is False
     assert policy.is_open(Category.INFERENCE, "http") and policy.is_open(Category.HEALTH, "grpc")
+    # Token management is guarded whatever --guarded-apis says, and only an admin's token grants it.
+    nothing_guarded = AccessPolicy(AccessOptions(guarded=frozenset()), TokenVerifier(store))
+    assert not nothing_guarded.is_open(Category.TOKENS, "http")
+    with pytest.raises(AccessDenied) as denied:
+        nothing_guarded.check(Category.TOKENS, _caller(outside, authorization=f"Bearer {operator.secret}"))
+    assert denied.value.refusal is Refusal.FORBIDDEN
 
 
 def test_tokens_are_looked_up_at_most_every_two_seconds_and_expire() -> None:

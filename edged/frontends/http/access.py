@@ -38,6 +38,8 @@ def http_category(method: str, path: str) -> Category:
         return Category.MODEL_REPOSITORY
     if len(parts) == 1:
         return Category.METADATA  # GET /v2
+    if parts[1:3] == ["edged", "tokens"]:
+        return Category.TOKENS
     if parts[1] != "models":
         return _TOP.get(parts[1], Category.MODEL_REPOSITORY)
     if parts[2:] == ["stats"]:

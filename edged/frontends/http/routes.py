@@ -6,15 +6,19 @@ are the ordinary Litestar handlers here.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from litestar import Litestar, MediaType, Request, Response, get, post, route
+from litestar import Litestar, MediaType, Request, Response, delete, get, post, route
 from litestar.exceptions import InternalServerException, MethodNotAllowedException, NotFoundException
 
+from edged.core.access import ACTOR, AccessPolicy, Role, TokenVerifier, TokenView
 from edged.core.config.model_config import model_config_to_json
+from edged.core.names import printable
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends import kserve
 from edged.frontends.http.codec import (
@@ -378,7 +382,63 @@ def _internal_handler(request: Request[Any, Any, Any], exc: Exception) -> Respon
     return Response(error_body(str(detail)), status_code=status, media_type=MediaType.JSON)
 
 
-def create_http_app(service: InferenceService, options: HttpOptions) -> InferRoute:
+# --- API tokens (admin) ------------------------------------------------------------------------------------
+
+
+def _tokens(request: Request[Any, Any, Any]) -> TokenVerifier:
+    access: AccessPolicy | None = request.app.state.access
+    if access is None:
+        raise EdgedError(ErrorCode.UNAVAILABLE, "API tokens are not managed by this server")
+    return access.tokens
+
+
+def _token_json(token: TokenView) -> dict[str, Any]:
+    return {
+        "name": token.name,
+        "role": token.role,
+        "state": token.state,
+        "created_at": token.created_at.isoformat(),
+        "expires_at": token.expires_at.isoformat() if token.expires_at else None,
+    }
+
+
+# The token calls read and write the state database: in a worker thread, never on the event loop.
+@get("/v2/edged/tokens")
+async def token_list(request: Request[Any, Any, Any]) -> Response[bytes]:
+    try:
+        tokens = await asyncio.to_thread(_tokens(request).list)
+    except ValueError as error:
+        raise EdgedError(ErrorCode.UNAVAILABLE, str(error)) from None
+    return _json({"tokens": [_token_json(token) for token in tokens]})
+
+
+@post("/v2/edged/tokens", status_code=200)
+async def token_create(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """``{"name": ..., "role": "viewer|operator|admin", "expires_in_s": N}`` -> the token, shown this once."""
+    spec = _json_object(_decode(request, await request.body()), "token")
+    name, role, lifetime = spec.get("name"), spec.get("role"), spec.get("expires_in_s")
+    if not isinstance(name, str) or role not in {r.value for r in Role}:
+        raise EdgedError(ErrorCode.INVALID_ARG, "a token needs a 'name' and a 'role' (viewer, operator or admin)")
+    if lifetime is not None and (not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime <= 0):
+        raise EdgedError(ErrorCode.INVALID_ARG, "'expires_in_s' must be a positive number of seconds")
+    expires = datetime.now(UTC) + timedelta(seconds=lifetime) if lifetime else None
+    try:
+        secret, token = await asyncio.to_thread(_tokens(request).create, name, Role(role), expires)
+    except ValueError as error:
+        raise EdgedError(ErrorCode.INVALID_ARG, str(error)) from None
+    log.info("API token '%s' (%s) created by %s", printable(name), role, ACTOR.get() or "anonymous")
+    return _json({**_token_json(token), "token": secret})
+
+
+@delete("/v2/edged/tokens/{name:str}", status_code=200)
+async def token_revoke(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+    if not await asyncio.to_thread(_tokens(request).revoke, name):
+        raise EdgedError(ErrorCode.NOT_FOUND, f"no active token named '{printable(name)}'")
+    log.info("API token '%s' revoked by %s", printable(name), ACTOR.get() or "anonymous")
+    return _json({})
+
+
+def create_http_app(service: InferenceService, options: HttpOptions, access: AccessPolicy | None = None) -> InferRoute:
     app = Litestar(
         route_handlers=[
             health_live,
@@ -402,6 +462,9 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
             model_history,
             named_repository,
             openapi_route,
+            token_list,
+            token_create,
+            token_revoke,
         ],
         exception_handlers={
             EdgedError: _edged_error_handler,
@@ -415,4 +478,5 @@ def create_http_app(service: InferenceService, options: HttpOptions) -> InferRou
     )
     app.state.service = service
     app.state.options = options
+    app.state.access = access
     return InferRoute(app, service, options)
