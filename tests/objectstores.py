@@ -101,6 +101,8 @@ class FaultProxy:
     port: int = field(default_factory=free_port)
     budget: int | None = None
     stall: bool = False
+    # The offset (counted like ``passed``) of one byte from the server to flip on its way, as a bad link might.
+    corrupt_at: int | None = None
     passed: int = 0
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
@@ -115,6 +117,22 @@ class FaultProxy:
 
         self._loop.call_soon_threadsafe(apply)
         time.sleep(0.05)
+
+    def set_corruption(self, offset: int | None) -> None:
+        def apply() -> None:
+            self.corrupt_at = offset
+            self.passed = 0
+
+        self._loop.call_soon_threadsafe(apply)
+        time.sleep(0.05)
+
+    def _corrupt(self, data: bytes) -> bytes:
+        offset = None if self.corrupt_at is None else self.corrupt_at - self.passed
+        if offset is None or not 0 <= offset < len(data):
+            return data
+        flipped = bytearray(data)
+        flipped[offset] ^= 0xFF
+        return bytes(flipped)
 
     def _cut_all(self) -> None:
         for writer in list(self._writers):
@@ -134,12 +152,16 @@ class FaultProxy:
                         writer.write(data)
                         await writer.drain()
                     if self.passed >= self.budget:
+                        if not self.stall:
+                            self._cut_all()
+                        # A stalled connection ends alone once the stall is lifted (by ``finally`` below), so
+                        # that it cannot cut connections opened since.
                         while self.stall:
                             await asyncio.sleep(0.05)
-                        self._cut_all()
                         return
                     continue
                 if downstream:
+                    data = self._corrupt(data)
                     self.passed += len(data)
                 writer.write(data)
                 await writer.drain()

@@ -66,8 +66,7 @@ def first_sync_then_one_change(remote: Remote, tmp_path: Path) -> None:
     assert sorted(first.downloaded) == sorted(files) and first.linked == ()
     assert first.bytes_transferred == sum(map(len, files.values()))
     assert tree(first.repository) == files
-    current = first.repository.parent
-    assert (current.parent.parent / "current").resolve() == current.resolve()
+    assert serving(state).resolve() == first.repository.resolve()
     assert all(not (p.stat().st_mode & stat.S_IWUSR) for p in first.repository.rglob("*") if p.is_file())
     first_inodes = inodes(first.repository)
 
@@ -78,7 +77,7 @@ def first_sync_then_one_change(remote: Remote, tmp_path: Path) -> None:
     second = remote.sync(state)
 
     assert second.changed and second.previous_revision == first.revision
-    assert second.downloaded == ("add_sub/config.pbtxt",)
+    assert second.downloaded == ("add_sub/config.pbtxt",) and second.linked == ("add_sub/1/model.onnx",)
     assert second.bytes_transferred == len(changed)
     assert second.removed == tuple(sorted(k for k in files if k.startswith("add_sub_int32/")))
     expected = {k: v for k, v in files.items() if not k.startswith("add_sub_int32/")} | {
@@ -91,10 +90,13 @@ def first_sync_then_one_change(remote: Remote, tmp_path: Path) -> None:
     assert second_inodes["add_sub/config.pbtxt"] != first_inodes["add_sub/config.pbtxt"]
     # The snapshot being left stays whole, for rollback.
     assert tree(first.repository) == files
-    assert (state / "sync").is_dir() and (current.parent.parent / "previous").resolve() == current.resolve()
+    assert serving(state).resolve() == second.repository.resolve()
+    assert (serving(state).parent.parent / "previous" / "repo").resolve() == first.repository.resolve()
 
     third = remote.sync(state)
-    assert not third.changed and third.bytes_transferred == 0 and third.repository == second.repository
+    assert not third.changed and third.bytes_transferred == 0 and third.downloaded == ()
+    assert serving(state).resolve() == second.repository.resolve()
+    assert len(list(serving(state).parents[1].glob("snapshots/*"))) == 2
 
 
 def escaping_key_is_refused(remote: Remote, tmp_path: Path, bad_key: str) -> None:
@@ -109,7 +111,7 @@ def escaping_key_is_refused(remote: Remote, tmp_path: Path, bad_key: str) -> Non
     with pytest.raises(SyncError) as refused:
         remote.sync(state)
     assert refused.value.problem is SourceProblem.REFUSED, refused.value
-    assert tree(first.repository) == files
+    assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
     after = all_files(tmp_path)
     assert {p for p in after - before if not p.startswith("state/")} == set()
     assert not any("evil" in p or "escaped" in p for p in after)
@@ -128,7 +130,7 @@ def interrupted_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultPro
     with pytest.raises(SyncError) as cut:
         remote.sync(state, via=proxy)
     assert cut.value.problem is SourceProblem.UNREACHABLE, cut.value
-    assert tree(first.repository) == files
+    assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
     partial = _partial_size(state)
     assert 0 < partial < BIG_BYTES
 
@@ -137,6 +139,28 @@ def interrupted_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultPro
     assert resumed.downloaded == ("add_sub/1/weights.bin",)
     assert resumed.bytes_transferred == BIG_BYTES - partial
     assert tree(resumed.repository) == files | {"add_sub/1/weights.bin": big}
+
+
+def corrupted_download_is_refused(remote: Remote, tmp_path: Path, proxy: FaultProxy) -> None:
+    """A byte flipped on the way fails the MD5 check: nothing is switched, and the bad bytes are not resumed from."""
+    files = write_repository(tmp_path / "published")
+    remote.put_tree(files)
+    state = tmp_path / "state"
+    first = remote.sync(state, via=proxy)
+
+    big = os.urandom(BIG_BYTES)
+    remote.bucket.put(f"{remote.prefix}/add_sub/1/weights.bin", big)
+    proxy.set_corruption(BIG_BYTES // 2)
+    with pytest.raises(SyncError) as corrupted:
+        remote.sync(state, via=proxy)
+    assert corrupted.value.problem is SourceProblem.VERIFY_FAILED, corrupted.value
+    assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
+    assert _partial_size(state) == 0
+
+    proxy.set_corruption(None)
+    repaired = remote.sync(state, via=proxy)
+    assert repaired.bytes_transferred == BIG_BYTES
+    assert tree(repaired.repository) == files | {"add_sub/1/weights.bin": big}
 
 
 def network_down_keeps_current(remote: Remote, tmp_path: Path, proxy: FaultProxy) -> None:
@@ -152,9 +176,7 @@ def network_down_keeps_current(remote: Remote, tmp_path: Path, proxy: FaultProxy
         remote.sync(state, via=proxy)
     assert down.value.problem is SourceProblem.UNREACHABLE, down.value
     assert time.monotonic() - started < 15
-    current = first.repository.parents[2] / "current"
-    assert (current / "repo").resolve() == first.repository.resolve()
-    assert tree(current / "repo") == files
+    assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
 
 
 def killed_mid_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultProxy) -> None:
@@ -187,7 +209,7 @@ def killed_mid_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultProx
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-    assert tree(first.repository.parents[2] / "current" / "repo") == files
+    assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
     partial = _partial_size(state)
 
     proxy.set_budget(None)
@@ -195,6 +217,12 @@ def killed_mid_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultProx
     assert resumed.bytes_transferred == BIG_BYTES - partial
     assert tree(resumed.repository) == files | {"add_sub/1/weights.bin": big}
     assert not list(state.rglob("*.part")) and not list(state.rglob(".*.link"))
+
+
+def serving(state: Path) -> Path:
+    """The repository the one source synced into ``state`` serves now, found through its ``current`` link."""
+    (source,) = (state / "sync").iterdir()
+    return source / "current" / "repo"
 
 
 def _partial_size(state: Path) -> int:

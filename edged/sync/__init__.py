@@ -17,6 +17,7 @@ What exists
                   read-only, with a manifest), ``current`` and ``previous`` links swapped by rename, staging,
                   a lock, garbage collection, ``rollback``.
     runner.py     ``sync_once(source, state_dir) -> SyncResult``: list, plan, download, verify, build, switch.
+    errors.py     ``SyncError`` and its ``SourceProblem``.
 
 Decisions
     - Clients: obstore for S3 (async, Rust, one 16 MB wheel with no Python dependencies, Range reads, conditional
@@ -52,17 +53,11 @@ Next steps
 
 from __future__ import annotations
 
+from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import LocalEntry, Plan, RemoteEntry, check_listing, key_problem, plan_delta
 from edged.sync.runner import SyncResult, sync_once
 from edged.sync.snapshots import Snapshot, SnapshotStore
-from edged.sync.sources import (
-    RemoteRepository,
-    SourceProblem,
-    SourceURL,
-    SyncError,
-    open_repository,
-    parse_repository_url,
-)
+from edged.sync.sources import RemoteRepository, SourceURL, open_repository, parse_repository_url
 
 __all__ = [
     "LocalEntry",

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.snapshots import READ_ONLY, SnapshotStore
-from edged.sync.sources import RemoteRepository, SourceProblem, SyncError
 
 if TYPE_CHECKING:
     from edged.sync.plan import RemoteEntry
+    from edged.sync.sources import RemoteRepository
 
 log = logging.getLogger(__name__)
 

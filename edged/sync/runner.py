@@ -6,11 +6,15 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edged.sync.download import fetch
+from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import ListingRefused, check_listing, plan_delta
 from edged.sync.snapshots import SnapshotStore
-from edged.sync.sources import RemoteRepository, SourceProblem, SyncError
+
+if TYPE_CHECKING:
+    from edged.sync.sources import RemoteRepository
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ async def sync_once(source: RemoteRepository, state_dir: Path) -> SyncResult:
         intact = store.intact_files(current) if current is not None else {}
         plan = plan_delta(listing, intact)
         if current is not None and not plan.changed:
+            # A run killed after its switch left the garbage collection undone.
+            store.collect_garbage()
             return SyncResult(source.url, current.revision, current.revision, current.repository, (), (), (), 0, 0.0)
         log.info(
             "syncing %s to revision %s: %d files to download (%d bytes), %d unchanged, %d removed",

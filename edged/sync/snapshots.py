@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Final
 import msgspec
 
 from edged.core.confined import inside, make_dirs, remove_tree
+from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import LocalEntry, Plan, RemoteEntry
 
 log = logging.getLogger(__name__)
@@ -108,7 +110,7 @@ class SnapshotStore:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise RuntimeError(f"another sync of {self.url} is running") from None
+                raise SyncError(SourceProblem.BUSY, self.url) from None
             yield
         finally:
             os.close(fd)
@@ -119,7 +121,7 @@ class SnapshotStore:
         link = self.root / name
         try:
             target = os.readlink(link)
-        except (FileNotFoundError, OSError):
+        except OSError:
             return None
         match = _SNAPSHOT_NAME.fullmatch(Path(target).name)
         if Path(target).parent != Path("snapshots") or match is None:
@@ -151,7 +153,7 @@ class SnapshotStore:
                 info = os.lstat(snapshot.repository / key)
             except OSError:
                 continue
-            if info.st_size == entry.size and not os.path.islink(snapshot.repository / key):
+            if stat.S_ISREG(info.st_mode) and info.st_size == entry.size:
                 intact[key] = entry
         return intact
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
-import enum
+import importlib.util
 import os
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import RemoteEntry
 
 if TYPE_CHECKING:
@@ -31,28 +32,6 @@ CHUNK_BYTES: Final = 256 << 10
 CONNECT_TIMEOUT_S: Final = 10
 READ_TIMEOUT_S: Final = 60
 _MD5_HEX: Final = re.compile(r"[0-9a-f]{32}")
-
-
-class SourceProblem(enum.Enum):
-    """Why talking to a remote repository failed, as an operator must tell the cases apart."""
-
-    BAD_URL = "bad repository URL"
-    UNREACHABLE = "endpoint unreachable"
-    DENIED = "access denied (wrong or expired credentials, or no permission)"
-    WRONG_REGION = "wrong region for the bucket"
-    NOT_FOUND = "bucket or object not found"
-    CHANGED = "object changed during the sync"
-    REFUSED = "repository refused"
-    VERIFY_FAILED = "verification failed"
-    OTHER = "remote error"
-
-
-class SyncError(Exception):
-    """A sync run failed; the current snapshot is untouched. ``problem`` says which kind of failure it was."""
-
-    def __init__(self, problem: SourceProblem, message: str) -> None:
-        super().__init__(f"{problem.value}: {message}")
-        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -104,7 +83,8 @@ class RemoteRepository(Protocol):
         """Every object under the prefix, keys relative to it (unchecked: plan.check_listing decides)."""
 
     def read(self, entry: RemoteEntry, start: int) -> AsyncIterator[bytes]:
-        """The object's bytes from ``start`` to its end, refused if it no longer is the listed version."""
+        """The object's bytes from ``start`` to its end. S3 refuses an object replaced since the listing (a read
+        conditional on its ETag); otherwise the check of size and digest after the download catches it."""
 
     async def close(self) -> None: ...
 
@@ -114,8 +94,20 @@ def open_repository(url: str, env: Mapping[str, str] | None = None) -> RemoteRep
     source = parse_repository_url(url)
     environ = os.environ if env is None else env
     if source.scheme == "s3":
+        _require("obstore", url)
         return S3Repository(source, environ)
+    _require("gcloud.aio.storage", url)
     return GCSRepository(source, environ)
+
+
+def _require(module: str, url: str) -> None:
+    # The clients are an extra: say which one is missing before any run, not as a failure in the middle of one.
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise SyncError(SourceProblem.MISSING_CLIENT, f"{url} needs {module}: install edged[sync]")
 
 
 def _relative(key: str, prefix: str) -> str | None:

@@ -74,6 +74,10 @@ def test_interrupted_download_resumes(remote: synccases.Remote, tmp_path: Path, 
     synccases.interrupted_download_resumes(remote, tmp_path, proxy)
 
 
+def test_corrupted_download_is_refused(remote: synccases.Remote, tmp_path: Path, proxy: FaultProxy) -> None:
+    synccases.corrupted_download_is_refused(remote, tmp_path, proxy)
+
+
 def test_network_down_keeps_current(remote: synccases.Remote, tmp_path: Path, proxy: FaultProxy) -> None:
     synccases.network_down_keeps_current(remote, tmp_path, proxy)
 

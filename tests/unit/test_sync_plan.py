@@ -132,3 +132,40 @@ def test_urls_that_name_no_repository_are_refused(url: str) -> None:
     with pytest.raises(SyncError) as refused:
         parse_repository_url(url)
     assert refused.value.problem is SourceProblem.BAD_URL
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("<Error><Code>InvalidAccessKeyId</Code></Error>", SourceProblem.DENIED),
+        ("<Error><Code>SignatureDoesNotMatch</Code></Error>", SourceProblem.DENIED),
+        (
+            "<Error><Code>AuthorizationHeaderMalformed</Code><Region>eu-west-1</Region></Error>",
+            SourceProblem.WRONG_REGION,
+        ),
+        ("<Error><Code>PermanentRedirect</Code></Error>", SourceProblem.WRONG_REGION),
+        ("<Error><Code>NoSuchBucket</Code></Error>", SourceProblem.NOT_FOUND),
+    ],
+)
+def test_s3_errors_say_what_the_operator_has_to_fix(body: str, problem: SourceProblem) -> None:
+    """The error texts obstore raises for S3's answers: the first line from the client, the XML body after it."""
+    from obstore.exceptions import GenericError
+
+    from edged.sync.sources import _s3_error
+
+    error = GenericError(
+        "Generic S3 error: Error performing list http://s3/models?list-type=2 in 30ms - Server returned non-2xx "
+        f"status code: 400 Bad Request: \n{body}"
+    )
+    assert _s3_error(error, "s3://models").problem is problem
+
+
+def test_an_unreachable_s3_endpoint_is_told_apart() -> None:
+    from obstore.exceptions import GenericError
+
+    from edged.sync.sources import _s3_error
+
+    error = GenericError(
+        "Generic S3 error: Error performing list ... after 2 retries - HTTP error: error sending request"
+    )
+    assert _s3_error(error, "s3://models").problem is SourceProblem.UNREACHABLE
