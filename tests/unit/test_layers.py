@@ -21,18 +21,20 @@ FORBIDDEN: Final = {
         "edged.frontends",
         "edged.daemon",
         "edged.cli",
+        "edged.sync",
         "litestar",
         "uvicorn",
         "grpc",
         "prometheus_client",
     ),
-    "edged.backends": ("edged.frontends", "edged.config", "edged.daemon", "edged.cli", "edged.state"),
+    "edged.backends": ("edged.frontends", "edged.config", "edged.daemon", "edged.cli", "edged.state", "edged.sync"),
     # Frontends see the core through the service (and the plain records it answers with), never its internals.
     "edged.frontends": (
         "edged.backends",
         "edged.daemon",
         "edged.cli",
         "edged.state",
+        "edged.sync",
         "edged.core.scheduling",
         "edged.core.repository.control",
         "edged.core.repository.manager.ModelRepositoryManager",
@@ -42,7 +44,20 @@ FORBIDDEN: Final = {
     "edged.frontends.http": ("edged.frontends.grpc", "edged.frontends.metrics"),
     "edged.frontends.grpc": ("edged.frontends.http", "edged.frontends.metrics"),
     "edged.frontends.metrics": ("edged.frontends.http", "edged.frontends.grpc"),
-    "edged.state": ("edged.core", "edged.backends", "edged.frontends", "edged.daemon"),
+    "edged.state": ("edged.core", "edged.backends", "edged.frontends", "edged.daemon", "edged.sync"),
+    # Sync produces local snapshots with the core's rules (names, confined paths) and the state store; it never
+    # reaches a backend, a wire or the daemon, and serves nothing itself.
+    "edged.sync": (
+        "edged.backends",
+        "edged.frontends",
+        "edged.daemon",
+        "edged.cli",
+        "edged.config",
+        "litestar",
+        "uvicorn",
+        "grpc",
+        "prometheus_client",
+    ),
     # Inside the core, from the bottom up: a request knows no repository or scheduler, a config no repository or
     # scheduler, the schedulers no repository; the service sits on top.
     "edged.core.request": ("edged.core.repository", "edged.core.scheduling", "edged.core.service"),
@@ -128,6 +143,9 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
         "litestar.app",
     ]
     assert _violations("edged.daemon", imported) == []
+    assert _violations("edged.sync.runner", {"edged.core.names", "edged.state.store"}) == []
+    assert _violations("edged.sync.runner", {"edged.backends.onnxruntime"}) == ["edged.backends.onnxruntime"]
+    assert _violations("edged.core.repository.manager", {"edged.sync.snapshots"}) == ["edged.sync.snapshots"]
     assert _violations("edged.backends.python.stub.main", {"edged.backends.python.wire.ipc"}) == []
     assert _violations("edged.backends.python.stub.main", {"edged.core.request.tensors"}) == [
         "edged.core.request.tensors"

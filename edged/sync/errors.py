@@ -1,0 +1,29 @@
+"""How a sync run fails: one exception, with the kind of failure an operator has to act on."""
+
+from __future__ import annotations
+
+import enum
+
+
+class SourceProblem(enum.Enum):
+    """Why a sync run failed, as an operator must tell the cases apart."""
+
+    BAD_URL = "bad repository URL"
+    MISSING_CLIENT = "object-store client not installed"
+    UNREACHABLE = "endpoint unreachable"
+    DENIED = "access denied (wrong or expired credentials, or no permission)"
+    WRONG_REGION = "wrong region for the bucket"
+    NOT_FOUND = "bucket or object not found"
+    CHANGED = "object changed during the sync"
+    REFUSED = "repository refused"
+    VERIFY_FAILED = "verification failed"
+    BUSY = "another sync of the same source is running"
+    OTHER = "remote error"
+
+
+class SyncError(Exception):
+    """A sync run failed; the current snapshot is untouched. ``problem`` says which kind of failure it was."""
+
+    def __init__(self, problem: SourceProblem, message: str) -> None:
+        super().__init__(f"{problem.value}: {message}")
+        self.problem = problem

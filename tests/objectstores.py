@@ -1,0 +1,239 @@
+"""Real object-store endpoints for the sync tests: moto's S3 server and the GCS emulator, each started as its own
+process on a free loopback port, and a TCP proxy in front of them that can cut the link.
+
+The proxy runs its own event loop in a thread, so that a test's sync (on the test's loop) and the cut it suffers
+are independent, as a network is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+BIN: Final = Path(sys.executable).parent
+STARTUP_S: Final = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _wait_listening(port: int, process: subprocess.Popen[bytes], name: str) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} did not listen on {port} within {STARTUP_S} s")
+
+
+@contextlib.contextmanager
+def _server(command: list[str], port: int) -> Iterator[None]:
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(port, process, Path(command[0]).name)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[int]:
+    port = free_port()
+    with _server([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port):
+        yield port
+
+
+@contextlib.contextmanager
+def gcs_emulator(bucket: str) -> Iterator[int]:
+    port = free_port()
+    command = [
+        str(BIN / "gcp-storage-emulator"), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory",
+        "--default-bucket", bucket,
+    ]  # fmt: skip
+    with _server(command, port):
+        yield port
+
+
+def gcs_upload(port: int, bucket: str, name: str, data: bytes) -> None:
+    """Upload through the emulator's JSON API, as a publisher's client would."""
+    query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/upload/storage/v1/b/{bucket}/o?{query}",
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        json.load(response)
+
+
+@dataclass
+class FaultProxy:
+    """A TCP proxy to ``127.0.0.1:upstream``. ``budget`` caps the bytes it passes from the server (None: no cap);
+    once spent it cuts every connection and refuses new ones, as a link that went down does, or, with ``stall``,
+    holds them open and silent, as a link that stopped moving does."""
+
+    upstream: int
+    port: int = field(default_factory=free_port)
+    budget: int | None = None
+    stall: bool = False
+    # The offset (counted like ``passed``) of one byte from the server to flip on its way, as a bad link might.
+    corrupt_at: int | None = None
+    passed: int = 0
+    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    def set_budget(self, budget: int | None, *, stall: bool = False) -> None:
+        def apply() -> None:
+            self.budget = budget
+            self.stall = stall
+            self.passed = 0
+            if budget == 0:
+                self._cut_all()
+
+        self._loop.call_soon_threadsafe(apply)
+        time.sleep(0.05)
+
+    def set_corruption(self, offset: int | None) -> None:
+        def apply() -> None:
+            self.corrupt_at = offset
+            self.passed = 0
+
+        self._loop.call_soon_threadsafe(apply)
+        time.sleep(0.05)
+
+    def _corrupt(self, data: bytes) -> bytes:
+        offset = None if self.corrupt_at is None else self.corrupt_at - self.passed
+        if offset is None or not 0 <= offset < len(data):
+            return data
+        flipped = bytearray(data)
+        flipped[offset] ^= 0xFF
+        return bytes(flipped)
+
+    def _cut_all(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, downstream: bool) -> None:
+        try:
+            while data := await reader.read(16384):
+                if downstream and self.budget is not None:
+                    room = self.budget - self.passed
+                    data = data[: max(room, 0)]
+                    self.passed += len(data)
+                    if data:
+                        writer.write(data)
+                        await writer.drain()
+                    if self.passed >= self.budget:
+                        if not self.stall:
+                            self._cut_all()
+                        # A stalled connection ends alone once the stall is lifted (by ``finally`` below), so
+                        # that it cannot cut connections opened since.
+                        while self.stall:
+                            await asyncio.sleep(0.05)
+                        return
+                    continue
+                if downstream:
+                    data = self._corrupt(data)
+                    self.passed += len(data)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.transport.abort()
+
+    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        if self.budget is not None and self.passed >= self.budget:
+            client_writer.transport.abort()
+            return
+        try:
+            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        except OSError:
+            client_writer.transport.abort()
+            return
+        self._writers.update((client_writer, server_writer))
+        try:
+            await asyncio.gather(
+                self._pipe(client_reader, server_writer, downstream=False),
+                self._pipe(server_reader, client_writer, downstream=True),
+            )
+        finally:
+            self._writers.difference_update((client_writer, server_writer))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[FaultProxy]:
+        started = threading.Event()
+
+        async def serve() -> asyncio.Server:
+            server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+            started.set()
+            return server
+
+        thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        thread.start()
+        server = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(10)
+        try:
+            yield self
+        finally:
+
+            async def stop() -> None:
+                self.stall = False
+                server.close()
+                self._cut_all()
+
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            thread.join(10)
+            self._loop.close()
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by its relative path, with its bytes."""
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def inodes(root: Path) -> dict[str, int]:
+    return {path.relative_to(root).as_posix(): path.stat().st_ino for path in root.rglob("*") if path.is_file()}
+
+
+def all_files(root: Path) -> set[str]:
+    """Every path under ``root`` (files, folders, links), for checking that nothing was written elsewhere."""
+    return {os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files}
+
+
+def write_repository(root: Path) -> dict[str, bytes]:
+    """A small Triton repository (two add_sub models) at ``root``; its files by relative path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import modelgen  # type: ignore[import-not-found, unused-ignore]
+
+    modelgen.write_add_sub(root / "add_sub", max_batch_size=8, dims=16, dtype="FP32")
+    modelgen.write_add_sub(root / "add_sub_int32", max_batch_size=8, dims=16, dtype="INT32")
+    return tree(root)
