@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from edged.config.options import BY_KEY, OPTIONS
-from edged.core.access import AccessOptions, Category, parse_categories, parse_certificate_role, parse_restricted
+from edged.core.access import (
+    AccessOptions,
+    parse_categories,
+    parse_certificate_role,
+    parse_restricted,
+    restricted_by_category,
+)
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
 
@@ -161,13 +167,10 @@ def access_options(values: Mapping[str, Any]) -> AccessOptions:
         ("--http-restricted-api", options.http_restricted),
         ("--grpc-restricted-protocol", options.grpc_restricted),
     ):
-        seen: set[Category] = set()
-        for group in groups:
-            twice = seen & group.categories
-            if twice:
-                names = ", ".join(sorted(category.value for category in twice))
-                raise ValueError(f"{flag}: {names} is in more than one restricted group")
-            seen |= group.categories
+        try:
+            restricted_by_category(groups)
+        except ValueError as error:
+            raise ValueError(f"{flag}: {error}") from None
     return options
 
 

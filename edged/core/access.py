@@ -346,8 +346,8 @@ class AccessPolicy:
         self._tokens = tokens
         self._on_refused = on_refused
         self._restricted = {
-            "http": _by_category(options.http_restricted),
-            "grpc": _by_category(options.grpc_restricted),
+            "http": restricted_by_category(options.http_restricted),
+            "grpc": restricted_by_category(options.grpc_restricted),
             "metrics": {},
         }
 
@@ -385,7 +385,7 @@ class AccessPolicy:
                 )
             return "restricted-header"
         if not self._guarded(category):
-            return _open_actor(caller)
+            return open_actor(caller.peer)
         token = bearer(caller.headers)
         if token is not None:
             record = self._tokens.verify(token)
@@ -414,18 +414,20 @@ class AccessPolicy:
         return actor
 
 
-def _by_category(groups: Iterable[RestrictedGroup]) -> dict[Category, RestrictedGroup]:
+def restricted_by_category(groups: Iterable[RestrictedGroup]) -> dict[Category, RestrictedGroup]:
+    """Each category's group; ValueError when one is in two groups (Triton refuses that too)."""
     found: dict[Category, RestrictedGroup] = {}
     for group in groups:
         for category in group.categories:
             if category in found:
-                raise ValueError(f"the {category.value} API is in more than one restricted group")
+                raise ValueError(f"{category.value} is in more than one restricted group")
             found[category] = group
     return found
 
 
-def _open_actor(caller: Caller) -> str:
-    return "loopback" if is_loopback(caller.peer) else "anonymous"
+def open_actor(peer: str | None) -> str:
+    """Who asked, where a category is open to all: nothing but the address is known of the caller."""
+    return "loopback" if is_loopback(peer) else "anonymous"
 
 
 def is_loopback(address: str | None) -> bool:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal
+from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal, open_actor
 from edged.frontends.tls import peer_identity_http
 
 if TYPE_CHECKING:
@@ -70,15 +70,19 @@ class AccessMiddleware:
             return
         category = self._categorize(scope["method"], scope["path"])
         client = scope.get("client")
-        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
-        # A verified client certificate (mutual TLS) may stand for a role: --client-certificate-role.
-        certificate = peer_identity_http(scope)
-        caller = Caller(self._wire, client[0] if client else None, headers, certificate)  # type: ignore[arg-type]
-        try:
-            actor = self._policy.check(category, caller)
-        except AccessDenied as denied:
-            await _refuse(send, denied)
-            return
+        peer = client[0] if client else None
+        if self._policy.is_open(category, self._wire):
+            # Nothing to check: an open category costs its requests no header or certificate reading.
+            actor = open_actor(peer)
+        else:
+            headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+            # A verified client certificate (mutual TLS) may stand for a role: --client-certificate-role.
+            caller = Caller(self._wire, peer, headers, peer_identity_http(scope))  # type: ignore[arg-type]
+            try:
+                actor = self._policy.check(category, caller)
+            except AccessDenied as denied:
+                await _refuse(send, denied)
+                return
         token = ACTOR.set(actor)
         try:
             await self._app(scope, receive, send)

@@ -418,3 +418,17 @@ def test_access_options_are_checked_at_start(repository: Path) -> None:
         "--http-restricted-api=logging,trace:b=2",
     )
     assert twice.returncode != 0 and "logging is in more than one restricted group" in twice.stderr
+
+
+def test_nothing_guarded_records_anonymous_callers(repository: Path, tmp_path: Path, outside_address: str) -> None:
+    with run_server(
+        [repository], "--http-address=0.0.0.0", "--model-control-mode=explicit", "--guarded-apis=none",
+        f"--state-dir={tmp_path / 'state'}",
+    ) as server:  # fmt: skip
+        httpclient.InferenceServerClient(f"{outside_address}:{server.http_port}").load_model("spare")
+        grpcclient.InferenceServerClient(f"{outside_address}:{server.grpc_port}").unload_model("spare")
+        httpclient.InferenceServerClient(server.http_url).load_model("spare")
+        events = request(server.http_url, "GET", "/v2/edged/models/spare/history?limit=1000").json()["events"]
+        asked = [(e["state"], e["actor"]) for e in reversed(events) if e["source"] == "api"]
+        assert ("LOADING", "anonymous") in asked and ("UNLOADED", "anonymous") in asked
+        assert asked[-1] == ("READY", "loopback")
