@@ -327,7 +327,13 @@ def test_an_admin_manages_tokens_over_http(guarded: Server, outside_address: str
     assert request(remote, "POST", "/v2/repository/index", "{}", _bearer(secret)).status == 200
     taken = post_json(remote, "/v2/edged/tokens", {"name": "camera-3", "role": "admin"}, admin)
     assert (taken.status, taken.json()) == (400, {"error": "a token named 'camera-3' exists already"})
-    for bad in ({"name": "x"}, {"name": "x", "role": "root"}, {"name": "", "role": "viewer"}, {"role": "viewer"}):
+    for bad in (
+        {"name": "x"},
+        {"name": "x", "role": "root"},
+        {"name": "", "role": "viewer"},
+        {"role": "viewer"},
+        {"name": "x", "role": "viewer", "expires_in_s": 2**90},  # a lifetime no date holds: 400, not a crash
+    ):
         assert post_json(remote, "/v2/edged/tokens", bad, admin).status == 400, bad
     # Revoked through the API: refused by this daemon at once.
     assert request(remote, "DELETE", "/v2/edged/tokens/camera-3", headers=admin).status == 200

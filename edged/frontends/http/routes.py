@@ -385,6 +385,10 @@ def _internal_handler(request: Request[Any, Any, Any], exc: Exception) -> Respon
 # --- API tokens (admin) ------------------------------------------------------------------------------------
 
 
+# The longest lifetime a token may be given; past it, "never" (no expires_in_s) says what is meant.
+MAX_TOKEN_LIFETIME_S = 10 * 365 * 86400
+
+
 def _tokens(request: Request[Any, Any, Any]) -> TokenVerifier:
     access: AccessPolicy | None = request.app.state.access
     if access is None:
@@ -419,8 +423,12 @@ async def token_create(request: Request[Any, Any, Any]) -> Response[bytes]:
     name, role, lifetime = spec.get("name"), spec.get("role"), spec.get("expires_in_s")
     if not isinstance(name, str) or role not in {r.value for r in Role}:
         raise EdgedError(ErrorCode.INVALID_ARG, "a token needs a 'name' and a 'role' (viewer, operator or admin)")
-    if lifetime is not None and (not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime <= 0):
-        raise EdgedError(ErrorCode.INVALID_ARG, "'expires_in_s' must be a positive number of seconds")
+    if lifetime is not None and (
+        not isinstance(lifetime, int) or isinstance(lifetime, bool) or not 0 < lifetime <= MAX_TOKEN_LIFETIME_S
+    ):
+        raise EdgedError(
+            ErrorCode.INVALID_ARG, f"'expires_in_s' must be 1 to {MAX_TOKEN_LIFETIME_S} seconds (ten years)"
+        )
     expires = datetime.now(UTC) + timedelta(seconds=lifetime) if lifetime else None
     try:
         secret, token = await asyncio.to_thread(_tokens(request).create, name, Role(role), expires)
