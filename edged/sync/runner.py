@@ -2,21 +2,54 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, Protocol
 
 from edged.sync.download import fetch
 from edged.sync.errors import SourceProblem, SyncError
-from edged.sync.plan import ListingRefused, check_listing, plan_delta
+from edged.sync.plan import ListingRefused, RemoteEntry, check_listing, plan_delta
 from edged.sync.snapshots import SnapshotStore
 
 if TYPE_CHECKING:
     from edged.sync.sources import RemoteRepository
 
 log = logging.getLogger(__name__)
+
+# The folder of a remote repository that holds edged's own objects (signed metadata, device status): never part of
+# the repository that is served. A leading dot keeps Triton from reading it as a model folder.
+METADATA_DIR: Final = ".edged"
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a source says the next revision is: its files (keys relative to the repository), and, for a signed
+    source, the revision its metadata names (None: the revision is named after the listing's content)."""
+
+    entries: list[RemoteEntry]
+    revision: str | None = None
+    signed: bool = False
+
+
+class Verifier(Protocol):
+    """Where the files of the next revision come from: a signed source's verified metadata. A sync without one
+    trusts the object store's own listing (Triton's behaviour)."""
+
+    async def listing(self, source: RemoteRepository) -> Listing:
+        """The files to serve, with the digests (``sha256:<hex>``) and sizes they must have; raises SyncError."""
+        ...
+
+
+async def unsigned_listing(source: RemoteRepository) -> Listing:
+    """The object store's listing, without edged's own folder."""
+    return Listing([entry for entry in await source.list() if not _is_metadata(entry.path)])
+
+
+def _is_metadata(path: str) -> bool:
+    return path == METADATA_DIR or path.startswith(f"{METADATA_DIR}/")
 
 
 @dataclass(frozen=True)
@@ -38,20 +71,24 @@ class SyncResult:
         return self.revision != self.previous_revision
 
 
-async def sync_once(source: RemoteRepository, state_dir: Path) -> SyncResult:
+async def sync_once(source: RemoteRepository, state_dir: Path, verifier: Verifier | None = None) -> SyncResult:
     """Bring the local snapshot of ``source`` to the remote's content, or raise SyncError with the snapshot that was
-    serving still serving. Downloads left unfinished by a failed or killed run resume on the next one."""
+    serving still serving. Downloads left unfinished by a failed or killed run resume on the next one. With a
+    ``verifier`` the files and their digests come from its verified metadata, not from the store's listing."""
     began = time.monotonic()
     store = SnapshotStore(state_dir, source.url)
     with store.locked():
         store.prepare()
         try:
-            listing = check_listing(await source.list())
+            found = await verifier.listing(source) if verifier is not None else await unsigned_listing(source)
+            listing = check_listing(found.entries)
         except ListingRefused as exc:
             raise SyncError(SourceProblem.REFUSED, f"{source.url}: {exc}") from exc
         current = store.current()
         intact = store.intact_files(current) if current is not None else {}
         plan = plan_delta(listing, intact)
+        if found.revision is not None:
+            plan = dataclasses.replace(plan, revision=found.revision)
         if current is not None and not plan.changed:
             # A run killed after its switch left the garbage collection undone.
             store.collect_garbage()

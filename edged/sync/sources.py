@@ -86,6 +86,10 @@ class RemoteRepository(Protocol):
         """The object's bytes from ``start`` to its end. S3 refuses an object replaced since the listing (a read
         conditional on its ETag); otherwise the check of size and digest after the download catches it."""
 
+    async def write(self, key: str, data: bytes) -> None:
+        """Store ``data`` at ``key`` (relative to the prefix), replacing what was there: fleet status objects and
+        published repositories. Raises SyncError."""
+
     async def close(self) -> None: ...
 
 
@@ -194,6 +198,14 @@ class S3Repository:
                 yield bytes(chunk)
         except Exception as exc:
             raise _s3_error(exc, f"{self.url}/{entry.path}") from exc
+
+    async def write(self, key: str, data: bytes) -> None:
+        import obstore
+
+        try:
+            await obstore.put_async(self._store, key, data)
+        except Exception as exc:
+            raise _s3_error(exc, f"{self.url}/{key}") from exc
 
     async def close(self) -> None:
         """obstore's client holds no connection that needs closing."""
@@ -306,6 +318,13 @@ class GCSRepository:
                 yield chunk
         except Exception as exc:
             raise _gcs_error(exc, f"{self.url}/{entry.path}") from exc
+
+    async def write(self, key: str, data: bytes) -> None:
+        name = f"{self._source.prefix}/{key}" if self._source.prefix else key
+        try:
+            await self._client().upload(self._source.bucket, name, data, timeout=READ_TIMEOUT_S)
+        except Exception as exc:
+            raise _gcs_error(exc, f"{self.url}/{key}") from exc
 
     async def close(self) -> None:
         if self._storage is not None:
