@@ -62,13 +62,14 @@ from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import LocalEntry, Plan, RemoteEntry, check_listing, key_problem, plan_delta
 from edged.sync.runner import METADATA_DIR, Listing, SyncResult, Verifier, sync_once, unsigned_listing
 from edged.sync.snapshots import Snapshot, SnapshotStore
-from edged.sync.sources import RemoteRepository, SourceURL, open_repository, parse_repository_url
+from edged.sync.sources import ClientOptions, RemoteRepository, SourceURL, open_repository, parse_repository_url
 
 __all__ = [
     "METADATA_DIR",
     "Listing",
     "Verifier",
     "unsigned_listing",
+    "ClientOptions",
     "LocalEntry",
     "Plan",
     "RemoteEntry",

@@ -31,6 +31,17 @@ CHUNK_BYTES: Final = 256 << 10
 # Seconds; a device on a slow link needs long reads, a dead endpoint must still be noticed.
 CONNECT_TIMEOUT_S: Final = 10
 READ_TIMEOUT_S: Final = 60
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How patient a client is: ``connect_timeout_s`` to open a connection, ``read_timeout_s`` for one request
+    (S3) or between two reads of a body (GCS), so that a stalled link is given up and the next run resumes."""
+
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    read_timeout_s: float = READ_TIMEOUT_S
+
+
 _MD5_HEX: Final = re.compile(r"[0-9a-f]{32}")
 
 
@@ -93,15 +104,18 @@ class RemoteRepository(Protocol):
     async def close(self) -> None: ...
 
 
-def open_repository(url: str, env: Mapping[str, str] | None = None) -> RemoteRepository:
+def open_repository(
+    url: str, env: Mapping[str, str] | None = None, options: ClientOptions | None = None
+) -> RemoteRepository:
     """A client for the repository at ``url`` with credentials from ``env`` (the process environment if None)."""
+    options = options or ClientOptions()
     source = parse_repository_url(url)
     environ = os.environ if env is None else env
     if source.scheme == "s3":
         _require("obstore", url)
-        return S3Repository(source, environ)
+        return S3Repository(source, environ, options)
     _require("gcloud.aio.storage", url)
-    return GCSRepository(source, environ)
+    return GCSRepository(source, environ, options)
 
 
 def _require(module: str, url: str) -> None:
@@ -126,16 +140,16 @@ def _relative(key: str, prefix: str) -> str | None:
 class S3Repository:
     """An S3 or S3-compatible repository, through obstore."""
 
-    def __init__(self, source: SourceURL, env: Mapping[str, str]) -> None:
+    def __init__(self, source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> None:
         self._source = source
-        self._store = self._make_store(source, env)
+        self._store = self._make_store(source, env, options)
 
     @property
     def url(self) -> str:
         return str(self._source)
 
     @staticmethod
-    def _make_store(source: SourceURL, env: Mapping[str, str]) -> S3Store:
+    def _make_store(source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> S3Store:
         from obstore.store import S3Store
 
         config: dict[str, Any] = {
@@ -154,14 +168,14 @@ class S3Repository:
             config["virtual_hosted_style_request"] = False
         client: dict[str, Any] = {
             "allow_http": bool(source.endpoint and source.endpoint.startswith("http://")),
-            "connect_timeout": datetime.timedelta(seconds=CONNECT_TIMEOUT_S),
-            "timeout": datetime.timedelta(seconds=READ_TIMEOUT_S),
+            "connect_timeout": datetime.timedelta(seconds=options.connect_timeout_s),
+            "timeout": datetime.timedelta(seconds=options.read_timeout_s),
         }
         proxy = env.get("HTTPS_PROXY") or env.get("https_proxy")
         if proxy:
             client["proxy_url"] = proxy
         # obstore's own retries are kept short: the sync loop retries whole runs, and a run resumes its downloads.
-        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=READ_TIMEOUT_S)}
+        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=options.read_timeout_s)}
         return S3Store(
             source.bucket,
             prefix=source.prefix or None,
@@ -266,8 +280,10 @@ def _s3_error(exc: Exception, where: str) -> SyncError:
 class GCSRepository:
     """A GCS repository, through the JSON API (which the GCS emulators speak too)."""
 
-    def __init__(self, source: SourceURL, env: Mapping[str, str]) -> None:
+    def __init__(self, source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> None:
         self._source = source
+        # gcloud-aio takes whole seconds.
+        self._timeout = max(1, round(options.read_timeout_s))
         emulator = env.get("STORAGE_EMULATOR_HOST")
         if emulator and "://" not in emulator:
             emulator = f"http://{emulator}"
@@ -295,7 +311,7 @@ class GCSRepository:
         entries: list[RemoteEntry] = []
         try:
             while True:
-                page = await self._client().list_objects(self._source.bucket, params=params, timeout=READ_TIMEOUT_S)
+                page = await self._client().list_objects(self._source.bucket, params=params, timeout=self._timeout)
                 for item in page.get("items", []):
                     entry = _gcs_entry(item, self._source.prefix)
                     if entry is not None:
@@ -312,7 +328,7 @@ class GCSRepository:
         headers = {"Range": f"bytes={start}-"} if start else {}
         try:
             stream = await self._client().download_stream(
-                self._source.bucket, name, headers=headers, timeout=READ_TIMEOUT_S
+                self._source.bucket, name, headers=headers, timeout=self._timeout
             )
             while chunk := await stream.read(CHUNK_BYTES):
                 yield chunk
@@ -322,7 +338,7 @@ class GCSRepository:
     async def write(self, key: str, data: bytes) -> None:
         name = f"{self._source.prefix}/{key}" if self._source.prefix else key
         try:
-            await self._client().upload(self._source.bucket, name, data, timeout=READ_TIMEOUT_S)
+            await self._client().upload(self._source.bucket, name, data, timeout=self._timeout)
         except Exception as exc:
             raise _gcs_error(exc, f"{self.url}/{key}") from exc
 
