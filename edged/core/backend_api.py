@@ -96,7 +96,9 @@ class BackendModel(Protocol):
     """A loaded model version: its instances, and how to release them.
 
     A model may also define ``is_ready() -> bool`` (called on the event loop, must not block): False while it
-    cannot serve (an instance's process is restarting), which the model-ready endpoints report."""
+    cannot serve (an instance's process is restarting), which the model-ready endpoints report; and
+    ``crash_count() -> int``: how many times its instances' processes died (a probation after an update counts them).
+    """
 
     @property
     def instances(self) -> Sequence[BackendInstance]: ...

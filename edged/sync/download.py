@@ -15,6 +15,7 @@ from edged.sync.snapshots import READ_ONLY, SnapshotStore
 if TYPE_CHECKING:
     from edged.sync.plan import RemoteEntry
     from edged.sync.sources import RemoteRepository
+    from edged.sync.transfer import Progress, Throttle
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,13 @@ class Fetched:
     resumed_from: int
 
 
-async def fetch(source: RemoteRepository, store: SnapshotStore, entry: RemoteEntry) -> Fetched:
+async def fetch(
+    source: RemoteRepository,
+    store: SnapshotStore,
+    entry: RemoteEntry,
+    throttle: Throttle | None = None,
+    progress: Progress | None = None,
+) -> Fetched:
     """Stage ``entry``: append to what an earlier run left (a Range read from there), then check size and, where
     the store reports one, MD5. A file that fails the check is dropped, so the next run fetches it whole."""
     done = store.staged(entry)
@@ -53,6 +60,10 @@ async def fetch(source: RemoteRepository, store: SnapshotStore, entry: RemoteEnt
                     raise SyncError(SourceProblem.VERIFY_FAILED, f"{entry.path} is longer than its {entry.size} bytes")
                 out.write(chunk)
                 transferred += len(chunk)
+                if progress is not None:
+                    progress.add(len(chunk))
+                if throttle is not None:
+                    await throttle.take(len(chunk))
         out.flush()
         os.fsync(out.fileno())
     try:

@@ -18,6 +18,7 @@ class SourceProblem(enum.Enum):
     REFUSED = "repository refused"
     VERIFY_FAILED = "verification failed"
     BUSY = "another sync of the same source is running"
+    NO_SPACE = "not enough free disk space"
     OTHER = "remote error"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from edged.sync.download import fetch
 from edged.sync.errors import SourceProblem, SyncError
-from edged.sync.plan import ListingRefused, RemoteEntry, check_listing, plan_delta
+from edged.sync.plan import ListingRefused, Plan, RemoteEntry, check_listing, plan_delta
 from edged.sync.snapshots import SnapshotStore
+from edged.sync.transfer import Progress, Throttle
 
 if TYPE_CHECKING:
     from edged.sync.sources import RemoteRepository
@@ -53,6 +55,18 @@ def _is_metadata(path: str) -> bool:
 
 
 @dataclass(frozen=True)
+class RunOptions:
+    """How a run behaves: ``max_rate`` caps the download in bytes a second (None: no cap); a revision in
+    ``held_back`` (one that failed its probation) is not downloaded again, the run reports it held back instead;
+    ``reserve_bytes`` must stay free on the disk after the download; ``progress`` is updated as bytes arrive."""
+
+    max_rate: int | None = None
+    held_back: frozenset[str] = frozenset()
+    reserve_bytes: int = 64 << 20
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
 class SyncResult:
     """What a run did. ``repository`` is the local path to serve (the current snapshot's repository)."""
 
@@ -65,16 +79,25 @@ class SyncResult:
     removed: tuple[str, ...]
     bytes_transferred: int
     seconds: float
+    signed: bool = False
+    # The remote's revision when it was held back (it failed its probation before); nothing changed locally.
+    held_back: str | None = None
 
     @property
     def changed(self) -> bool:
         return self.revision != self.previous_revision
 
 
-async def sync_once(source: RemoteRepository, state_dir: Path, verifier: Verifier | None = None) -> SyncResult:
+async def sync_once(
+    source: RemoteRepository,
+    state_dir: Path,
+    verifier: Verifier | None = None,
+    options: RunOptions | None = None,
+) -> SyncResult:
     """Bring the local snapshot of ``source`` to the remote's content, or raise SyncError with the snapshot that was
     serving still serving. Downloads left unfinished by a failed or killed run resume on the next one. With a
     ``verifier`` the files and their digests come from its verified metadata, not from the store's listing."""
+    options = options or RunOptions()
     began = time.monotonic()
     store = SnapshotStore(state_dir, source.url)
     with store.locked():
@@ -89,10 +112,24 @@ async def sync_once(source: RemoteRepository, state_dir: Path, verifier: Verifie
         plan = plan_delta(listing, intact)
         if found.revision is not None:
             plan = dataclasses.replace(plan, revision=found.revision)
-        if current is not None and not plan.changed:
+        if current is not None and (not plan.changed or plan.revision in options.held_back):
             # A run killed after its switch left the garbage collection undone.
             store.collect_garbage()
-            return SyncResult(source.url, current.revision, current.revision, current.repository, (), (), (), 0, 0.0)
+            held = plan.revision if plan.changed else None
+            return SyncResult(
+                source.url,
+                current.revision,
+                current.revision,
+                current.repository,
+                (),
+                (),
+                (),
+                0,
+                0.0,
+                found.signed,
+                held,
+            )
+        _check_space(store, plan, options.reserve_bytes)
         log.info(
             "syncing %s to revision %s: %d files to download (%d bytes), %d unchanged, %d removed",
             source.url,
@@ -104,10 +141,15 @@ async def sync_once(source: RemoteRepository, state_dir: Path, verifier: Verifie
         )
         sha256: dict[str, str] = {}
         transferred = 0
+        throttle = Throttle(options.max_rate) if options.max_rate else None
+        progress = options.progress or Progress()
+        progress.total_bytes, progress.files_total = plan.download_bytes, len(plan.download)
+        progress.add(sum(store.staged_bytes(entry) for entry in plan.download))
         for entry in plan.download:
-            fetched = await fetch(source, store, entry)
+            fetched = await fetch(source, store, entry, throttle, progress)
             sha256[entry.path] = fetched.sha256
             transferred += fetched.transferred
+            progress.files_done += 1
         snapshot = store.build(plan, current, sha256)
         store.switch(snapshot)
         store.collect_garbage()
@@ -121,6 +163,7 @@ async def sync_once(source: RemoteRepository, state_dir: Path, verifier: Verifie
             removed=plan.remove,
             bytes_transferred=transferred,
             seconds=time.monotonic() - began,
+            signed=found.signed,
         )
         log.info(
             "synced %s: revision %s serving (%d files downloaded, %d bytes, %.1f s)",
@@ -131,3 +174,16 @@ async def sync_once(source: RemoteRepository, state_dir: Path, verifier: Verifie
             result.seconds,
         )
         return result
+
+
+def _check_space(store: SnapshotStore, plan: Plan, reserve: int) -> None:
+    """Refuse a run the disk cannot hold before it downloads anything: a full disk mid-way would leave the state
+    database and the logs without room, and the run could not finish anyway."""
+    needed = sum(entry.size - store.staged_bytes(entry) for entry in plan.download)
+    free = shutil.disk_usage(store.root).free
+    if needed + reserve > free:
+        raise SyncError(
+            SourceProblem.NO_SPACE,
+            f"{store.url}: the new revision needs {needed} bytes and {reserve} must stay free, "
+            f"but {free} bytes are free under {store.root}",
+        )

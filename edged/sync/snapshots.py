@@ -4,6 +4,7 @@ Layout, per source (``<state dir>/sync/<source id>/``)::
 
     current -> snapshots/r000002     the snapshot being served (a symbolic link, replaced by rename)
     previous -> snapshots/r000001    the one before it, kept for rollback
+    good -> snapshots/r000001        the last known good one: it passed its probation (edged.sync.probation)
     snapshots/r00000N/repo/...       a complete Triton repository, read-only files
     snapshots/r00000N/manifest.json  path -> size, remote digest, sha256
     staging/objects/<key>.part       a download in progress (appended to, so it resumes where it stopped)
@@ -27,7 +28,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -135,6 +136,14 @@ class SnapshotStore:
     def previous(self) -> Snapshot | None:
         return self._linked("previous")
 
+    def good(self) -> Snapshot | None:
+        return self._linked("good")
+
+    @property
+    def serving_path(self) -> Path:
+        """The repository the server reads: through the ``current`` link, so that a switch needs no new path."""
+        return self.root / "current" / REPOSITORY_DIR
+
     def load(self, path: Path) -> Snapshot | None:
         try:
             manifest = msgspec.json.decode((path / MANIFEST).read_bytes(), type=_Manifest)
@@ -165,6 +174,13 @@ class SnapshotStore:
     def partial(self, entry: RemoteEntry) -> Path:
         return inside(self.root, self.objects / f"{staging_key(entry)}.part")
 
+    def staged_bytes(self, entry: RemoteEntry) -> int:
+        """How much of ``entry`` earlier runs already downloaded."""
+        for path in (self.staged(entry), self.partial(entry)):
+            with contextlib.suppress(OSError):
+                return min(path.stat().st_size, entry.size)
+        return 0
+
     def prepare(self) -> None:
         """Remove what a run killed mid-way left behind, except its downloads."""
         make_dirs(self.root, self.objects)
@@ -187,7 +203,11 @@ class SnapshotStore:
         for entry in plan.download:
             self._link(self.staged(entry), repository, entry.path)
             files[entry.path] = _ManifestFile(entry.size, entry.digest, sha256[entry.path])
-        manifest = _Manifest(self.url, plan.revision, dict(sorted(files.items())))
+        return self._seal(_Manifest(self.url, plan.revision, dict(sorted(files.items()))))
+
+    def _seal(self, manifest: _Manifest) -> Snapshot:
+        """Write the manifest of ``staging/next``, flush it all, and rename it into ``snapshots/``."""
+        make_dirs(self.root, self.next / REPOSITORY_DIR)
         manifest_path = inside(self.root, self.next / MANIFEST)
         with open(manifest_path, "wb") as out:
             out.write(msgspec.json.encode(manifest))
@@ -236,10 +256,55 @@ class SnapshotStore:
         os.replace(temporary, inside(self.root, self.root / name))
         fsync_dir(self.root)
 
+    def ensure_current(self) -> Snapshot:
+        """The current snapshot; on a device that never synced, an empty one (revision ``""``), so that the server
+        starts at once on an empty repository and loads the models when the first sync completes."""
+        with self.locked():
+            current = self.current()
+            if current is not None:
+                return current
+            self.prepare()
+            empty = self.build(Plan((), (), (), ""), None, {})
+            self.switch(empty)
+            self.mark_good(empty)
+            return empty
+
+    def mark_good(self, snapshot: Snapshot) -> None:
+        """Record ``snapshot`` as the last known good one: what a failed probation rolls back to."""
+        self._point("good", snapshot.path)
+
+    def build_mixed(self, base: Snapshot, donor: Snapshot | None, models: Iterable[str], revision: str) -> Snapshot:
+        """A snapshot equal to ``base`` except for the folders of ``models``, which are taken from ``donor`` (or left
+        out when ``donor`` has none): the last known good files of the models that failed their probation, beside
+        the new files of those that passed. Every file is a hard link; nothing is downloaded."""
+        held = set(models)
+
+        def model_of(path: str) -> str:
+            return path.partition("/")[0]
+
+        keep = [
+            RemoteEntry(key, entry.size, entry.digest) for key, entry in base.files.items() if model_of(key) not in held
+        ]
+        taken = [
+            RemoteEntry(key, entry.size, entry.digest)
+            for key, entry in (donor.files.items() if donor is not None else ())
+            if model_of(key) in held
+        ]
+        make_dirs(self.root, self.next / REPOSITORY_DIR)
+        repository = self.next / REPOSITORY_DIR
+        files: dict[str, _ManifestFile] = {}
+        for origin, entries in ((base, keep), (donor, taken)):
+            assert origin is not None or not entries
+            for entry in entries:
+                assert origin is not None
+                self._link(origin.repository / entry.path, repository, entry.path)
+                files[entry.path] = _ManifestFile(entry.size, entry.digest, origin.files[entry.path].sha256)
+        return self._seal(_Manifest(self.url, revision, dict(sorted(files.items()))))
+
     def collect_garbage(self) -> None:
-        """Remove every snapshot but ``current`` and ``previous``, and every staged download (they are linked into
-        the snapshot that needed them, or belong to a revision that is gone)."""
-        keep = {s.path.name for s in (self.current(), self.previous()) if s is not None}
+        """Remove every snapshot but ``current``, ``previous`` and ``good``, and every staged download (they are
+        linked into the snapshot that needed them, or belong to a revision that is gone)."""
+        keep = {s.path.name for s in (self.current(), self.previous(), self.good()) if s is not None}
         if self.snapshots.is_dir():
             for path in self.snapshots.iterdir():
                 if path.name not in keep:

@@ -377,6 +377,9 @@ class PythonModel:
     def is_ready(self) -> bool:
         return all(instance.is_ready() for instance in self._instances)
 
+    def crash_count(self) -> int:
+        return sum(instance.crashes for instance in self._instances)
+
     def unload(self) -> None:
         """finalize in every stub at once, then wait for each (killed past the stub timeout)."""
         self._dispatcher.fail_waiting(EdgedError(ErrorCode.UNAVAILABLE, "the model is unloading"))

@@ -76,6 +76,8 @@ class PythonInstance:
         self._healthy = False
         self._stopping = False
         self._restart: asyncio.Task[None] | None = None
+        # Stub processes that died while serving: a model on probation after an update is judged by it.
+        self.crashes = 0
         self._batch_ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._batches: dict[int, _Batch] = {}
@@ -413,6 +415,7 @@ class PythonInstance:
         self._healthy = False
         if self._stopping:
             return
+        self.crashes += 1
         stub = self._stub
         assert stub is not None and self._loop is not None
         self._start_restart(None)

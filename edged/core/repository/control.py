@@ -47,6 +47,8 @@ from edged.core.repository.scan import ModelSource, scan_repositories
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from edged.core.repository.manager import ModelRepositoryManager
     from edged.proto.model_config_pb2 import ModelConfig
     from edged.state.store import HistoryEvent, StateStore
@@ -241,6 +243,35 @@ class ModelController:
 
     async def history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         return await self._records.history(name, offset, limit)
+
+    async def refresh(self, names: Iterable[str], *, origin: Origin = Origin.SYNC) -> dict[str, str | None]:
+        """Bring the named models in line with their folders after the repository changed under them (a sync's
+        switch): a changed model is reloaded (its new versions load beside the serving ones, so no request fails),
+        one whose folder is gone is unloaded, a new one is loaded unless the mode is explicit, where the repository
+        API alone decides what is served. Returns, for each model acted on, None when it serves, else why not."""
+        scan = await self._scan()
+        outcomes: dict[str, str | None] = {}
+        removed = sorted(name for name in set(names) if name not in scan.models)
+        present = sorted(name for name in set(names) if name in scan.models)
+        for name in removed:
+            entry = self._manager.entry(name)
+            if entry is not None and any(v.state is ModelState.READY for v in entry.versions.values()):
+                log.info("model '%s' is not in the new repository revision: unloading it", name)
+                await self.unload(name, origin=origin)
+                outcomes[name] = None
+        ensembles = [name for name in present if _is_ensemble(scan.models[name].path)]
+        for name in [*(n for n in present if n not in ensembles), *ensembles]:
+            entry = self._manager.entry(name)
+            if self.mode is ControlMode.EXPLICIT and (entry is None or not entry.wanted):
+                continue
+            try:
+                await self._load(name, origin)
+            except EdgedError as error:
+                outcomes[name] = error.message
+            else:
+                outcomes[name] = None
+        await self._records.written()
+        return outcomes
 
     # --- poll mode ----------------------------------------------------------------------------------------------
 

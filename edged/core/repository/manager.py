@@ -88,6 +88,18 @@ class ModelEntry:
     wanted: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class ModelHealth:
+    """How a model is doing, summed over its READY versions: what a probation after an update watches.
+    ``succeeded``, ``failed`` and ``crashes`` only grow, so a watcher compares two readings."""
+
+    ready: bool
+    succeeded: int
+    failed: int
+    crashes: int
+    live_sequences: int
+
+
 class VersionsUnavailable(Exception):
     """A config that parsed but cannot be served; every selected version is UNAVAILABLE for ``error``."""
 
@@ -360,6 +372,24 @@ class ModelRepositoryManager:
         if found is None or found.stats is None:
             raise EdgedError(ErrorCode.INVALID_ARG, f"requested model version is not available for model '{name}'")
         return [found.stats]
+
+    def health(self, name: str) -> ModelHealth:
+        entry = self._models.get(name)
+        versions = [v for v in entry.versions.values() if v.state is ModelState.READY] if entry is not None else []
+        ready = bool(versions) and entry is not None and entry.state is ModelState.READY
+        succeeded = failed = crashes = live = 0
+        for version in versions:
+            if version.stats is not None:
+                succeeded += version.stats.success.count
+                failed += version.stats.fail.count
+            model = version.backend_model
+            if model is not None:
+                is_ready = getattr(model, "is_ready", None)
+                ready = ready and (is_ready is None or bool(is_ready()))
+                crash_count = getattr(model, "crash_count", None)
+                crashes += int(crash_count()) if crash_count is not None else 0
+            live += int(getattr(version.scheduler, "live_sequences", 0))
+        return ModelHealth(ready, succeeded, failed, crashes, live)
 
     def ready_versions(self, name: str) -> list[int]:
         entry = self._models.get(name)

@@ -219,6 +219,11 @@ class SequenceBatcher:
         self._iterative = batching.iterative_sequence
         self._next_key = 1  # iterative sequences: the ids given to requests that come without one
 
+    @property
+    def live_sequences(self) -> int:
+        """Sequences started and not yet ended (or reaped): a model update waits for them."""
+        return len(self._sequences)
+
     # --- requests ------------------------------------------------------------------------------------------------
 
     async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError | None:
