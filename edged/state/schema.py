@@ -137,3 +137,41 @@ class DesiredVersion(Base):
 
     model_id: Mapped[int] = mapped_column(ForeignKey("desired_models.model_id", ondelete="CASCADE"), primary_key=True)
     version: Mapped[int] = mapped_column(primary_key=True)
+
+
+class SyncRun(Base):
+    """One run of a repository sync: what it found and did, or why it failed. ``outcome``: updated, unchanged,
+    held-back (the remote's revision failed its probation before), failed, rolled-back (a model failed its
+    probation), committed (the revision passed its probation)."""
+
+    __tablename__ = "sync_runs"
+    __table_args__ = (
+        CheckConstraint("bytes >= 0", name="bytes_not_negative"),
+        Index("ix_sync_runs_source_id", "source", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source: Mapped[str] = mapped_column(String)
+    outcome: Mapped[str] = mapped_column(String)
+    revision: Mapped[str | None] = mapped_column(String)
+    previous: Mapped[str | None] = mapped_column(String)
+    files: Mapped[int]
+    bytes: Mapped[int]
+    problem: Mapped[str | None] = mapped_column(String)
+    message: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    duration_s: Mapped[float | None]
+
+
+class SyncVerdict(Base):
+    """What a probation decided of a remote revision: good (the last known good one to fall back to) or bad
+    (never taken again; only a newer revision is)."""
+
+    __tablename__ = "sync_verdicts"
+
+    source: Mapped[str] = mapped_column(String, primary_key=True)
+    revision: Mapped[str] = mapped_column(String, primary_key=True)
+    verdict: Mapped[str] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -40,6 +40,8 @@ TABLES: Final = {
     "model_versions",
     "transitions",
     "desired_models",
+    "sync_runs",
+    "sync_verdicts",
     "desired_versions",
     "api_tokens",
 }
