@@ -44,6 +44,7 @@ def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
     check.add_argument("--disable-auto-complete-config", action="store_true")
 
     _add_token_commands(commands)
+    _add_sync_commands(commands)
     commands.add_parser("devices", help="print the devices model instances can run on (CPUs, GPUs, plug-ins' NPUs)")
     commands.add_parser("version", help="print the version")
     return parser
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     if args.command == "token":
         return _token(args)
+    if args.command == "sync":
+        return _sync(args)
     if args.command == "config" and args.template:
         print(template(), end="")
         return 0
@@ -94,6 +97,91 @@ def main(argv: list[str] | None = None) -> int:
     from edged.daemon import run
 
     return run(settings)
+
+
+# --- edged sync -------------------------------------------------------------------------------------------------
+
+
+def _add_sync_commands(commands: Any) -> None:
+    sync = commands.add_parser(
+        "sync",
+        help="show, run, pause or resume the sync of a running edged's s3:// and gs:// repositories",
+        description="Talks to a running edged over its HTTP API (/v2/edged/sync). Guarded like the repository API: "
+        "on the device itself loopback is trusted by default; elsewhere pass an operator token.",
+    )
+    sync.add_argument("action", choices=["status", "now", "pause", "resume", "history"])
+    sync.add_argument("--url", default="http://127.0.0.1:8000", help="edged's HTTP endpoint (%(default)s)")
+    sync.add_argument("--token", default=os.environ.get("EDGED_TOKEN"), help="an API token (default: $EDGED_TOKEN)")
+    sync.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    sync.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for an answer (%(default)s)")
+
+
+def _sync(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    path, method = {
+        "status": ("/v2/edged/sync", "GET"),
+        "now": ("/v2/edged/sync/now", "POST"),
+        "pause": ("/v2/edged/sync/pause", "POST"),
+        "resume": ("/v2/edged/sync/resume", "POST"),
+        "history": ("/v2/edged/sync/history", "GET"),
+    }[args.action]
+    request = urllib.request.Request(args.url.rstrip("/") + path, method=method, data=b"" if method == "POST" else None)
+    if args.token:
+        request.add_header("Authorization", f"Bearer {args.token}")
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        try:
+            message = json.loads(error.read()).get("error", error.reason)
+        except ValueError:
+            message = error.reason
+        print(f"edged: {args.url}: HTTP {error.code}: {message}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as error:
+        print(f"edged: {args.url} cannot be reached: {getattr(error, 'reason', error)}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    elif args.action == "now" or args.action == "history":
+        for run in answer["runs"]:
+            print(_run_line(run))
+    else:
+        print(_sync_status(answer), end="")
+    failed = args.action == "now" and any(run["outcome"] == "failed" for run in answer["runs"])
+    return 1 if failed else 0
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    text = f"{run['at']}  {run['source']}  {run['outcome']}  revision {run['revision'] or '-'}"
+    if run["bytes"]:
+        text += f"  {run['bytes']} bytes"
+    return text + (f"  {run['message']}" if run["message"] else "")
+
+
+def _sync_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"sync {'paused' if status['paused'] else 'active'}; device {status['device_id']}, "
+        f"channel {status['channel'] or '-'}, every {status['interval_s']:g} s"
+    ]
+    for source in status["sources"]:
+        lines.append(f"{source['url']} ({'signed' if source['signed'] else 'unsigned'})")
+        lines.append(f"  phase       {source['phase']}")
+        lines.append(f"  revision    {source['revision'] or '(none yet)'} (last known good: {source['good_revision']})")
+        if source["held_back"]:
+            lines.append(f"  held back   {', '.join(source['held_back'])}")
+        lines.append(f"  last sync   {source['last_success_at'] or 'never'}")
+        if source["last_error"]:
+            lines.append(f"  last error  {source['last_error']}")
+        if source["progress"]:
+            progress = source["progress"]
+            lines.append(f"  progress    {progress['done_bytes']} of {progress['total_bytes']} bytes")
+        if source["next_run_in_s"] is not None:
+            lines.append(f"  next run in {source['next_run_in_s']:.0f} s")
+    return "\n".join(lines) + "\n"
 
 
 # --- edged token ------------------------------------------------------------------------------------------------

@@ -32,9 +32,51 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected a boolean (true/false/on/off/1/0), got '{text}'")
 
 
+def is_remote(repository: Any) -> bool:
+    """An ``s3://`` or ``gs://`` repository (synced into a local mirror), not a local folder."""
+    return str(repository).startswith(("s3://", "gs://"))
+
+
 def _check_repository(path: Any) -> None:
-    if not Path(path).is_dir():
+    if is_remote(path):
+        from edged.sync.errors import SyncError
+        from edged.sync.sources import parse_repository_url
+
+        try:
+            parse_repository_url(str(path))
+        except SyncError as error:
+            raise ValueError(str(error)) from None
+    elif not Path(path).is_dir():
         raise ValueError(f"model repository '{path}' is not a readable directory")
+
+
+_RATE_UNITS: Final = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
+
+
+def parse_rate(text: str) -> int | None:
+    """``0`` (no cap) or bytes a second with an optional k, M or G suffix (``500k``, ``2M``); None for no cap."""
+    stripped = text.strip()
+    number, unit = stripped.rstrip("kKmMgG"), stripped[len(stripped.rstrip("kKmMgG")) :].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"expected bytes a second such as 500k or 2M (0: no cap), got '{text}'") from None
+    if unit not in _RATE_UNITS or not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected bytes a second such as 500k or 2M (0: no cap), got '{text}'")
+    rate = int(value * _RATE_UNITS[unit])
+    return rate or None
+
+
+def _check_rate(value: Any) -> None:
+    parse_rate(str(value))
+
+
+def _check_channel(value: Any) -> None:
+    from edged.core.names import model_name_problem
+
+    problem = model_name_problem(str(value))
+    if problem is not None:
+        raise ValueError(f"'{value}' cannot be a channel: {problem}")
 
 
 def _check_backend_config(value: Any) -> None:
@@ -229,7 +271,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "model-repository",
         "path",
         [],
-        "a model repository; repeat the flag to serve several",
+        "a model repository: a folder, s3://[host:port/]bucket/prefix or gs://bucket/prefix (synced into a local "
+        "mirror); repeat the flag to serve several",
         repeatable=True,
         aliases=("model-store",),
         metavar="PATH",
@@ -500,6 +543,89 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "model history events kept per model in the state database (the newest; older ones are dropped)",
         low=100,
         metavar="N",
+    ),
+    # Repository sync (s3:// and gs:// repositories).
+    Option(
+        "sync-interval-secs",
+        "float",
+        300.0,
+        "how often remote repositories are synced, in seconds (give or take 10%, so that a fleet spreads out)",
+        low=1,
+        metavar="SECONDS",
+    ),
+    Option(
+        "sync-max-rate",
+        "str",
+        "0",
+        "bandwidth cap of sync downloads in bytes a second, e.g. 500k or 2M (0: no cap)",
+        metavar="RATE",
+        check=_check_rate,
+    ),
+    Option(
+        "sync-trusted-root",
+        "path",
+        None,
+        "the root.json of signed repositories (edged publish): when set, only signed revisions are taken",
+        metavar="FILE",
+        unset="none: unsigned repositories are synced by their object digests",
+    ),
+    Option(
+        "sync-channel",
+        "str",
+        None,
+        "follow this channel (e.g. stable, canary): the folder of that name under each remote repository",
+        metavar="NAME",
+        unset="none",
+        check=_check_channel,
+    ),
+    Option(
+        "device-id",
+        "str",
+        None,
+        "this device's name in fleet status reports",
+        metavar="NAME",
+        unset="the host name",
+        check=_check_channel,
+    ),
+    Option(
+        "sync-report-status",
+        "bool",
+        False,
+        "write this device's status (revision, models, last error) to <repository>/.edged/devices/ after each sync",
+        metavar="BOOL",
+    ),
+    Option(
+        "sync-probation-secs",
+        "float",
+        60.0,
+        "how long updated models are watched before their revision is committed as last known good",
+        low=0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "sync-max-error-rate",
+        "float",
+        0.1,
+        "the share of failed requests (of at least 10) that fails an updated model's probation",
+        low=0,
+        high=1,
+        metavar="RATE",
+    ),
+    Option(
+        "sync-sequence-wait-secs",
+        "float",
+        60.0,
+        "how long an updated model with live sequences keeps its old revision before it is swapped anyway",
+        low=0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "sync-timeout-secs",
+        "float",
+        60.0,
+        "how long a sync request to the object store may take (a stalled link fails the run; the next resumes)",
+        low=1,
+        metavar="SECONDS",
     ),
     Option(
         "backend-config",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from edged.config.options import BY_KEY, OPTIONS
+from edged.config.options import BY_KEY, OPTIONS, is_remote, parse_rate
 from edged.core.access import (
     AccessOptions,
     parse_categories,
@@ -20,6 +21,7 @@ from edged.core.access import (
 )
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
+from edged.sync.paths import local_repository
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,18 @@ class Settings:
     load_models: tuple[str, ...]
     state_dir: Path | None
     history_per_model: int
+    # s3:// and gs:// repositories as given (their local mirrors are in model_repositories, in the same order).
+    remote_repositories: tuple[str, ...]
+    sync_interval_secs: float
+    sync_max_rate: int | None
+    sync_trusted_root: Path | None
+    sync_channel: str | None
+    device_id: str
+    sync_report_status: bool
+    sync_probation_secs: float
+    sync_max_error_rate: float
+    sync_sequence_wait_secs: float
+    sync_timeout_secs: float
     default_max_batch_size: int
     backend_config: dict[str, dict[str, str]]
     exit_timeout_secs: float
@@ -103,12 +117,20 @@ class Settings:
 
         Raises ValueError with one line for a value that cannot be served (no repository, or one that is gone).
         """
-        repositories = [Path(p) for p in values["model_repository"]]
-        if not repositories:
+        given = [str(p) for p in values["model_repository"]]
+        if not given:
             raise ValueError("no model repository: give --model-repository PATH")
-        for repository in repositories:
-            if not repository.is_dir():
+        state_dir = values["state_dir"]
+        state = Path(state_dir).resolve() if state_dir is not None else default_state_dir(environ)
+        remote = tuple(url for url in given if is_remote(url))
+        repositories: list[Path] = []
+        for repository in given:
+            if is_remote(repository):
+                repositories.append(local_repository(state, repository, values["sync_channel"]))
+            elif not Path(repository).is_dir():
                 raise ValueError(f"model repository '{repository}' is not a readable directory")
+            else:
+                repositories.append(Path(repository).resolve())
         backend_config = parse_backend_config(values["backend_config"])
         default_max_batch_size = 4
         raw = backend_config.get("", {}).get("default-max-batch-size")
@@ -116,14 +138,16 @@ class Settings:
             if not raw.isdigit():
                 raise ValueError(f"--backend-config default-max-batch-size must be a non-negative integer: {raw}")
             default_max_batch_size = int(raw)
-        state_dir = values["state_dir"]
         derived: dict[str, Any] = {
-            "model_repositories": [p.resolve() for p in repositories],
+            "model_repositories": repositories,
+            "remote_repositories": remote,
+            "sync_max_rate": parse_rate(values["sync_max_rate"]),
+            "device_id": values["device_id"] or socket.gethostname(),
             "server_id": values["id"],
             "metrics_config": parse_metrics_config(values["metrics_config"]),
             "auto_complete_config": not values["disable_auto_complete_config"],
             "load_models": tuple(values["load_model"]),
-            "state_dir": Path(state_dir).resolve() if state_dir is not None else default_state_dir(environ),
+            "state_dir": state,
             "default_max_batch_size": default_max_batch_size,
             "backend_config": backend_config,
             "access": access_options(values),
@@ -140,6 +164,8 @@ class Settings:
 # Options that reach the settings under another name or through a conversion, and the fields they make.
 DERIVED: Final = {
     "model_repository": "model_repositories",
+    "sync_max_rate": "sync_max_rate",
+    "device_id": "device_id",
     "id": "server_id",
     "metrics_config": "metrics_config",
     "disable_auto_complete_config": "auto_complete_config",

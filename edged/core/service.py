@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from edged.core.repository.manager import IndexEntry, ModelRepositoryManager, ModelVersion
     from edged.core.scheduling.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
+    from edged.core.sync_control import SyncControl
     from edged.proto.model_config_pb2 import ModelConfig
     from edged.state.store import HistoryEvent
 
@@ -98,8 +99,11 @@ class InferenceService:
         strict_readiness: bool,
         shared_memory: SharedMemoryManager | None = None,
         controller: ModelController | None = None,
+        sync: SyncControl | None = None,
     ) -> None:
-        """``controller``: model control, for the repository API (None: loads and unloads are refused)."""
+        """``controller``: model control, for the repository API (None: loads and unloads are refused); ``sync``:
+        repository sync, when a repository is remote."""
+        self.sync = sync
         self._manager = manager
         # The shared-memory extension's regions; frontends call its register/unregister/status directly.
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)

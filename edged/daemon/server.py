@@ -49,6 +49,7 @@ from edged.daemon.endpoints import (
 from edged.daemon.parts import Part, Parts
 from edged.daemon.reload import read_settings, reload
 from edged.daemon.signals import Signals
+from edged.daemon.sync import SyncPart, build_sync, prepare_mirrors
 from edged.daemon.systemd import ServiceNotifier
 from edged.frontends.access import access_refusal_counter, counting
 from edged.frontends.http import refusal_counter
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter
 
     from edged.config.settings import Settings
+    from edged.sync.agent import RepositorySync
 
 log = logging.getLogger("edged")
 
@@ -88,8 +90,13 @@ class Core:
     refused: Counter
     access: AccessPolicy
 
+    # Repository sync, when a repository is remote (s3://, gs://).
+    sync: RepositorySync | None = None
+
     @classmethod
     def build(cls, settings: Settings) -> Core:
+        if settings.remote_repositories:
+            prepare_mirrors(settings)
         for repository in settings.model_repositories:
             try:
                 with os.scandir(repository):
@@ -135,6 +142,8 @@ class Core:
             ),
             store,
         )
+        registry = edged_registry()
+        sync = build_sync(settings, controller, manager, store, registry) if settings.remote_repositories else None
         shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
         service = InferenceService(
             manager,
@@ -142,14 +151,14 @@ class Core:
             strict_readiness=settings.strict_readiness,
             shared_memory=shared_memory,
             controller=controller,
+            sync=sync,
         )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)
-        registry = edged_registry()
         refused = refusal_counter(registry)
         access = AccessPolicy(settings.access, TokenVerifier(store), counting(access_refusal_counter(registry)))
         return cls(
-            executor, backends, latencies, manager, controller, shared_memory, service, registry, refused, access
+            executor, backends, latencies, manager, controller, shared_memory, service, registry, refused, access, sync
         )
 
     def status(self, endpoints: str) -> str:
@@ -319,6 +328,8 @@ def _parts(
     yield sockets
     yield tls
     yield ModelsPart(core, settings)
+    if core.sync is not None:
+        yield SyncPart(core.sync)
     assert sockets.http is not None
     http = http_endpoint(settings, core.service, sockets.http, core.refused, core.access, tls.http)
     endpoints.append(http)

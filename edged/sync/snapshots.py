@@ -37,6 +37,7 @@ import msgspec
 
 from edged.core.confined import inside, make_dirs, remove_tree
 from edged.sync.errors import SourceProblem, SyncError
+from edged.sync.paths import source_root
 from edged.sync.plan import LocalEntry, Plan, RemoteEntry
 
 log = logging.getLogger(__name__)
@@ -74,11 +75,6 @@ class Snapshot:
         return self.path / REPOSITORY_DIR
 
 
-def source_id(url: str) -> str:
-    """The folder name of a source's snapshots: stable for a URL, one path component whatever the URL holds."""
-    return hashlib.sha256(url.encode()).hexdigest()[:16]
-
-
 def staging_key(entry: RemoteEntry) -> str:
     """A staged download's name: a changed object (other size or digest) never resumes an older one's bytes."""
     return hashlib.sha256(f"{entry.path}\0{entry.size}\0{entry.digest}".encode()).hexdigest()[:32]
@@ -97,7 +93,7 @@ class SnapshotStore:
 
     def __init__(self, state_dir: Path, url: str) -> None:
         self.url = url
-        self.root = state_dir / "sync" / source_id(url)
+        self.root = source_root(state_dir, url)
         self.snapshots = self.root / "snapshots"
         self.objects = self.root / "staging" / "objects"
         self.next = self.root / "staging" / "next"

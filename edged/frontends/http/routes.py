@@ -32,6 +32,7 @@ from edged.frontends.http.openapi import openapi_route
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
+    from edged.core.sync_control import SyncControl
 
 log = logging.getLogger(__name__)
 
@@ -382,6 +383,59 @@ def _internal_handler(request: Request[Any, Any, Any], exc: Exception) -> Respon
     return Response(error_body(str(detail)), status_code=status, media_type=MediaType.JSON)
 
 
+# --- repository sync (operator) ------------------------------------------------------------------------------
+
+
+def _sync(request: Request[Any, Any, Any]) -> SyncControl:
+    sync = _service(request).sync
+    if sync is None:
+        raise EdgedError(ErrorCode.UNAVAILABLE, "no model repository of this server is synced (s3:// or gs://)")
+    return sync
+
+
+@get("/v2/edged/sync")
+async def sync_status(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return _json(_sync(request).status())
+
+
+@post("/v2/edged/sync/now", status_code=200)
+async def sync_now(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Sync every remote repository now; answers when the runs are done (the probation goes on after)."""
+    sync = _sync(request)
+    log.info("repository sync asked for by %s", ACTOR.get() or "anonymous")
+    return _json({"runs": await sync.run_now()})
+
+
+@post("/v2/edged/sync/pause", status_code=200)
+async def sync_pause(request: Request[Any, Any, Any]) -> Response[bytes]:
+    sync = _sync(request)
+    sync.pause()
+    log.info("repository sync paused by %s", ACTOR.get() or "anonymous")
+    return _json(sync.status())
+
+
+@post("/v2/edged/sync/resume", status_code=200)
+async def sync_resume(request: Request[Any, Any, Any]) -> Response[bytes]:
+    sync = _sync(request)
+    sync.resume()
+    log.info("repository sync resumed by %s", ACTOR.get() or "anonymous")
+    return _json(sync.status())
+
+
+@get("/v2/edged/sync/history")
+async def sync_history(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The sync runs, newest first: ``?offset=&limit=`` pages through them."""
+    try:
+        offset = int(request.query_params.get("offset", "0"))
+        limit = int(request.query_params.get("limit", "50"))
+    except ValueError:
+        raise EdgedError(ErrorCode.INVALID_ARG, "offset and limit must be integers") from None
+    if not 0 <= offset < 2**63 or not 1 <= limit <= 1000:
+        raise EdgedError(ErrorCode.INVALID_ARG, "history paging needs 0 <= offset < 2**63 and 1 <= limit <= 1000")
+    runs, total = await _sync(request).history(offset, limit)
+    return _json({"offset": offset, "limit": limit, "total": total, "runs": runs})
+
+
 # --- API tokens (admin) ------------------------------------------------------------------------------------
 
 
@@ -468,6 +522,11 @@ def create_http_app(service: InferenceService, options: HttpOptions, access: Acc
             repository_load,
             repository_unload,
             model_history,
+            sync_status,
+            sync_now,
+            sync_pause,
+            sync_resume,
+            sync_history,
             named_repository,
             openapi_route,
             token_list,

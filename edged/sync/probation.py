@@ -1,0 +1,102 @@
+"""After a sync switched to a new revision: reload the models it changed, watch them for a probation window, and
+roll back, model by model, the ones that fail to their last known good files.
+
+A model passes when it reached READY (its ``model_warmup`` runs as part of the load) and, for the whole window,
+stays ready, has no instance process die, and fails at most ``max_error_rate`` of its requests (judged once it
+served ``min_requests``). A model that fails is served again from the last known good snapshot, and the remote
+revision is marked bad so that no later run takes it again; only a newer revision is tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from edged.core.repository.control import ModelController
+    from edged.core.repository.manager import ModelHealth, ModelRepositoryManager
+
+log = logging.getLogger(__name__)
+
+POLL_S: Final = 0.25
+
+
+@dataclass(frozen=True)
+class ProbationLimits:
+    window_s: float = 60.0
+    max_error_rate: float = 0.1
+    min_requests: int = 10
+    # How long a changed model with live sequences is left serving its old revision before it is swapped anyway.
+    sequence_wait_s: float = 60.0
+
+
+def changed_models(paths: Iterable[str]) -> set[str]:
+    """The model folders that changed, from the repository-relative paths of changed files."""
+    return {path.partition("/")[0] for path in paths if path}
+
+
+async def wait_for_sequences(manager: ModelRepositoryManager, names: Iterable[str], wait_s: float) -> None:
+    """Wait (up to ``wait_s``) until none of ``names`` has a live sequence: a sequence keeps its state in the
+    version serving it, so swapping the version would cut it."""
+    deadline = time.monotonic() + wait_s
+    pending = {name for name in names if manager.health(name).live_sequences}
+    if pending:
+        log.info("waiting up to %.0f s for the live sequences of %s to end", wait_s, ", ".join(sorted(pending)))
+    while pending and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+        pending = {name for name in pending if manager.health(name).live_sequences}
+    if pending:
+        log.warning("swapping %s with sequences still live: the wait ran out", ", ".join(sorted(pending)))
+
+
+async def apply(
+    controller: ModelController, manager: ModelRepositoryManager, names: set[str], limits: ProbationLimits
+) -> dict[str, str]:
+    """Reload ``names`` and hold their probation; returns the models that failed, with why (empty: all passed)."""
+    await wait_for_sequences(manager, names, limits.sequence_wait_s)
+    outcomes = await controller.refresh(names)
+    failed = {name: f"did not load: {reason}" for name, reason in outcomes.items() if reason is not None}
+    # Models the revision removed were unloaded (no longer wanted): nothing of theirs to watch.
+    watched = []
+    for name, reason in sorted(outcomes.items()):
+        entry = manager.entry(name)
+        if reason is None and entry is not None and entry.wanted:
+            watched.append(name)
+    if watched:
+        log.info("probation of %s for %.0f s", ", ".join(watched), limits.window_s)
+        failed |= await watch(manager, watched, limits)
+    return failed
+
+
+async def watch(manager: ModelRepositoryManager, names: list[str], limits: ProbationLimits) -> dict[str, str]:
+    """Watch ``names`` for ``limits.window_s``; returns the ones that failed, with why."""
+    baseline = {name: manager.health(name) for name in names}
+    failed: dict[str, str] = {}
+    deadline = time.monotonic() + limits.window_s
+    while True:
+        for name in names:
+            if name not in failed:
+                problem = _problem(baseline[name], manager.health(name), limits)
+                if problem is not None:
+                    log.error("model '%s' failed its probation: %s", name, problem)
+                    failed[name] = problem
+        if len(failed) == len(names) or time.monotonic() >= deadline:
+            return failed
+        await asyncio.sleep(POLL_S)
+
+
+def _problem(before: ModelHealth, now: ModelHealth, limits: ProbationLimits) -> str | None:
+    if not now.ready:
+        return "it is not ready"
+    crashes = now.crashes - before.crashes
+    if crashes > 0:
+        return f"{crashes} instance process(es) died"
+    failed = now.failed - before.failed
+    total = failed + now.succeeded - before.succeeded
+    if total >= limits.min_requests and failed > limits.max_error_rate * total:
+        return f"{failed} of {total} requests failed (more than {limits.max_error_rate:.0%})"
+    return None
