@@ -146,7 +146,7 @@ def _sync(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(answer, indent=2))
-    elif args.action == "now" or args.action == "history":
+    elif args.action in {"now", "history"}:
         for run in answer["runs"]:
             print(_run_line(run))
     else:

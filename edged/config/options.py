@@ -128,6 +128,8 @@ class Option:
     check: Callable[[Any], None] | None = None
     # The value the packaged edged.toml sets (a TOML literal); every other key stays commented at its default.
     packaged: str | None = None
+    # A "path" that may also be an s3:// or gs:// URL, kept as the string it is (never made relative to a base).
+    remote: bool = False
 
     @property
     def key(self) -> str:
@@ -165,7 +167,7 @@ class Option:
         elif self.kind == "path":
             if not text:
                 raise ValueError("expected a path, got an empty string")
-            value = base / text
+            value = text if self.remote and is_remote(text) else base / text
         return self._checked(value)
 
     def from_toml(self, value: object, base: Path) -> Any:
@@ -277,6 +279,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         aliases=("model-store",),
         metavar="PATH",
         check=_check_repository,
+        remote=True,
         packaged='["/var/lib/edged/models"]',
     ),
     # Triton's default, so that health checks written for Triton that look for the server's name keep working.

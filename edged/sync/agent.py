@@ -138,6 +138,7 @@ class RepositorySync:
         self._metrics = _Metrics(registry)
         self._paused = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._probations: set[asyncio.Task[None]] = set()
         self._sources: list[_Source] = []
         for base in urls:
             url = channel_url(base, settings.channel)
@@ -168,11 +169,11 @@ class RepositorySync:
             self._tasks.append(asyncio.get_running_loop().create_task(self._loop(source), name=f"sync {source.url}"))
 
     def stopping(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._probations]:
             task.cancel()
 
     async def stop(self) -> None:
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._probations, return_exceptions=True)
         self._tasks.clear()
         for source in self._sources:
             with contextlib.suppress(Exception):
@@ -240,7 +241,9 @@ class RepositorySync:
             else:
                 run = await self._succeeded(source, result)
             finally:
-                source.phase, source.progress = "idle", None
+                source.progress = None
+                if source.phase == "syncing":
+                    source.phase = "idle"
             self._schedule(source)
             return run
 
@@ -300,7 +303,12 @@ class RepositorySync:
             result.seconds,
         )
         self._show_revision(source)
-        await self._probation(source, result.revision, changed_models((*result.downloaded, *result.removed)))
+        # After the run's answer (the API's "now" returns with it), before any other run: the lock is fair.
+        models = changed_models((*result.downloaded, *result.removed))
+        source.phase = "probation"
+        task = asyncio.get_running_loop().create_task(self._held_probation(source, result.revision, models))
+        self._probations.add(task)
+        task.add_done_callback(self._probations.discard)
         return run
 
     # --- probation and rollback -------------------------------------------------------------------------------
@@ -319,15 +327,20 @@ class RepositorySync:
             current.revision,
             source.url,
         )
+        await self._held_probation(source, current.revision, changed_models(changed))
+
+    async def _held_probation(self, source: _Source, revision: str, models: set[str]) -> None:
         async with source.lock:
-            await self._probation(source, current.revision, changed_models(changed))
+            try:
+                await self._probation(source, revision, models)
+            except Exception:
+                log.exception("the probation of revision %s of %s failed", revision, source.url)
+            finally:
+                source.phase = "idle"
 
     async def _probation(self, source: _Source, revision: str, models: set[str]) -> None:
         source.phase = "probation"
-        try:
-            failed = await apply(self._controller, self._manager, models, self._settings.probation)
-        finally:
-            source.phase = "idle"
+        failed = await apply(self._controller, self._manager, models, self._settings.probation)
         current = source.store.current()
         assert current is not None
         if not failed:
@@ -346,7 +359,8 @@ class RepositorySync:
             )
             log.info("revision %s of %s committed as last known good", revision, source.url)
             return
-        reason = "; ".join(f"model '{name}' {why}" for name, why in sorted(failed.items()))
+        source.phase = "rolling back"
+        reason = "; ".join(f"model '{name}': {why}" for name, why in sorted(failed.items()))
         good = source.store.good()
         with source.store.locked():
             source.store.prepare()

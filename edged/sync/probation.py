@@ -90,11 +90,12 @@ async def watch(manager: ModelRepositoryManager, names: list[str], limits: Proba
 
 
 def _problem(before: ModelHealth, now: ModelHealth, limits: ProbationLimits) -> str | None:
-    if not now.ready:
-        return "it is not ready"
+    # Crashes first: a process that died also leaves the model not ready while it restarts.
     crashes = now.crashes - before.crashes
     if crashes > 0:
         return f"{crashes} instance process(es) died"
+    if not now.ready:
+        return "it is not ready"
     failed = now.failed - before.failed
     total = failed + now.succeeded - before.succeeded
     if total >= limits.min_requests and failed > limits.max_error_rate * total:

@@ -1,0 +1,354 @@
+"""The daemon serving an s3:// repository (moto's real S3 server): local-first start, updates through
+``edged sync now`` with only the changed models reloaded, probation with per-model rollback, held-back revisions,
+a kill -9 during a probation, closed-loop load across an update, the sync API, history and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import boto3
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from objectstores import FaultProxy, moto_server, write_repository
+from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, REPO_ROOT, Server, add_sub_inputs, request, run_server
+
+CREDENTIALS: Final = {"AWS_ACCESS_KEY_ID": "edged-test", "AWS_SECRET_ACCESS_KEY": "edged-secret"}
+PYTHON_MODEL: Final = REPO_ROOT / "tests" / "testdata" / "python_models" / "add_sub_python"
+WAIT_S: Final = 60.0
+_buckets = itertools.count()
+
+
+class Bucket:
+    """A bucket of moto's server and the repository under its ``repo/`` prefix."""
+
+    def __init__(self, port: int) -> None:
+        self.name = f"fleet-{os.getpid()}-{next(_buckets)}"
+        self.port = port
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
+        self.client.create_bucket(Bucket=self.name)
+
+    def url(self, endpoint: str | None = None) -> str:
+        return f"s3://{endpoint or f'127.0.0.1:{self.port}'}/{self.name}/repo"
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.name, Key=f"repo/{key}", Body=data)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.name, Key=f"repo/{key}")
+
+    def put_tree(self, files: dict[str, bytes]) -> None:
+        for key, data in files.items():
+            self.put(key, data)
+
+
+@pytest.fixture(scope="module")
+def moto_port() -> Iterator[int]:
+    with moto_server() as port:
+        yield port
+
+
+@pytest.fixture
+def bucket(moto_port: int, monkeypatch: pytest.MonkeyPatch) -> Bucket:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    return Bucket(moto_port)
+
+
+@pytest.fixture
+def published(bucket: Bucket, tmp_path: Path) -> dict[str, bytes]:
+    """add_sub and add_sub_int32 (ONNX) and add_sub_python, uploaded."""
+    files = write_repository(tmp_path / "published")
+    shutil.copytree(PYTHON_MODEL, tmp_path / "published" / "add_sub_python")
+    files |= {
+        f"add_sub_python/{path.relative_to(PYTHON_MODEL)}": path.read_bytes()
+        for path in PYTHON_MODEL.rglob("*")
+        if path.is_file()
+    }
+    bucket.put_tree(files)
+    return files
+
+
+def sync_flags(*extra: str) -> tuple[str, ...]:
+    return ("--sync-interval-secs", "3600", "--sync-probation-secs", "2", "--sync-timeout-secs", "5", *extra)
+
+
+def wait_until(what: str, check: Any, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        time.sleep(0.1)
+
+
+def ready(server: Server, model: str) -> bool:
+    return request(server.http_url, "GET", f"/v2/models/{model}/ready").status == 200
+
+
+def status(server: Server) -> dict[str, Any]:
+    reply = request(server.http_url, "GET", "/v2/edged/sync")
+    assert reply.status == 200, reply.body
+    document: dict[str, Any] = reply.json()
+    return document
+
+
+def edged(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edged", *args], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, check=False
+    )
+
+
+def sync_now(server: Server) -> list[dict[str, Any]]:
+    done = edged("sync", "now", "--url", f"http://{server.http_url}", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    runs: list[dict[str, Any]] = json.loads(done.stdout)["runs"]
+    return runs
+
+
+def committed(server: Server) -> bool:
+    (source,) = status(server)["sources"]
+    return source["phase"] == "idle" and source["revision"] == source["good_revision"]
+
+
+def infer_add_sub(client: httpclient.InferenceServerClient, model: str = "add_sub") -> None:
+    result = client.infer(model, add_sub_inputs())
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+
+
+def max_batch_size(server: Server, model: str) -> int:
+    return int(request(server.http_url, "GET", f"/v2/models/{model}/config").json()["max_batch_size"])
+
+
+def config_with_batch(files: dict[str, bytes], model: str, size: int) -> bytes:
+    return files[f"{model}/config.pbtxt"].replace(b"max_batch_size: 8", f"max_batch_size: {size}".encode())
+
+
+def test_a_synced_repository_is_served_and_only_changed_models_reload(
+    bucket: Bucket, published: dict[str, bytes]
+) -> None:
+    with run_server([bucket.url()], *sync_flags()) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        wait_until(
+            "the first sync serves every model",
+            lambda: all(ready(server, m) for m in ("add_sub", "add_sub_int32", "add_sub_python")),
+        )
+        infer_add_sub(client)
+        infer_add_sub(client, "add_sub_python")
+        wait_until("the first revision is committed", lambda: committed(server))
+        first = status(server)["sources"][0]
+        assert first["signed"] is False and first["last_error"] is None
+
+        bucket.put("add_sub/config.pbtxt", config_with_batch(published, "add_sub", 4))
+        for key in [k for k in published if k.startswith("add_sub_int32/")]:
+            bucket.delete(key)
+        (run,) = sync_now(server)
+        assert run["outcome"] == "updated" and run["files"] == 1 + 2, run
+        assert max_batch_size(server, "add_sub") == 4
+        assert not ready(server, "add_sub_int32")
+        infer_add_sub(client)
+        wait_until("the update is committed", lambda: committed(server))
+
+        history = request(server.http_url, "GET", "/v2/edged/sync/history").json()
+        outcomes = [run["outcome"] for run in history["runs"]]
+        assert outcomes[:4] == ["committed", "updated", "committed", "updated"], outcomes
+        events = request(server.http_url, "GET", "/v2/edged/models/add_sub/history").json()["events"]
+        assert any(event["source"] == "sync" for event in events)
+        # add_sub_python did not change: it was loaded once, at the first sync, and never again.
+        python_events = request(server.http_url, "GET", "/v2/edged/models/add_sub_python/history").json()["events"]
+        assert sum(1 for event in python_events if event["state"] == "READY" and event["version"] is None) <= 1
+
+        (unchanged,) = sync_now(server)
+        assert unchanged["outcome"] == "unchanged" and unchanged["bytes"] == 0
+
+        metrics = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
+        assert 'edged_sync_runs_total{outcome="updated"' in metrics
+        assert "edged_sync_last_success_timestamp_seconds" in metrics
+        assert "edged_sync_revision_info" in metrics
+
+
+def test_an_unreachable_bucket_at_boot_serves_the_last_snapshot(
+    bucket: Bucket, published: dict[str, bytes], tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with FaultProxy(bucket.port).running() as proxy:
+        url = bucket.url(proxy.url())
+        with run_server([url], *sync_flags("--state-dir", str(state))) as server:
+            wait_until("the first sync serves add_sub", lambda: ready(server, "add_sub"))
+            wait_until("the first revision is committed", lambda: committed(server))
+        proxy.set_budget(0)
+        started = time.monotonic()
+        with run_server([url], *sync_flags("--state-dir", str(state))) as server:
+            # Up and serving the last snapshot at once: the network is not waited for.
+            assert ready(server, "add_sub") and time.monotonic() - started < 30
+            infer_add_sub(httpclient.InferenceServerClient(server.http_url))
+            wait_until("the failed run is reported", lambda: status(server)["sources"][0]["last_error"] is not None)
+            (source,) = status(server)["sources"]
+            assert "endpoint unreachable" in source["last_error"], source
+            assert source["consecutive_failures"] >= 1
+            done = edged("sync", "status", "--url", f"http://{server.http_url}")
+            assert done.returncode == 0 and "last error" in done.stdout, done
+
+
+def test_a_model_that_fails_its_probation_is_rolled_back_and_its_revision_held_back(
+    bucket: Bucket, published: dict[str, bytes]
+) -> None:
+    with run_server([bucket.url()], *sync_flags()) as server:
+        wait_until("the first revision is committed", lambda: ready(server, "add_sub") and committed(server))
+        good = status(server)["sources"][0]["revision"]
+        # The new revision changes two models: add_sub well, add_sub_int32 with a config that cannot load.
+        bucket.put("add_sub/config.pbtxt", config_with_batch(published, "add_sub", 4))
+        bucket.put("add_sub_int32/config.pbtxt", b'name: "add_sub_int32"\nbackend: "onnxruntime"\nmax_batch_size: -3\n')
+        (run,) = sync_now(server)
+        assert run["outcome"] == "updated", run
+        wait_until("the probation ends", lambda: status(server)["sources"][0]["phase"] == "idle")
+        (source,) = status(server)["sources"]
+        bad = run["revision"]
+        assert source["held_back"] == [bad] and source["revision"] == f"{bad}~rollback", source
+        # The model that passed keeps its new files, the one that failed serves its last known good ones.
+        assert max_batch_size(server, "add_sub") == 4
+        assert ready(server, "add_sub_int32") and max_batch_size(server, "add_sub_int32") == 8
+        history = request(server.http_url, "GET", "/v2/edged/sync/history").json()["runs"]
+        assert history[0]["outcome"] == "rolled-back" and "add_sub_int32" in history[0]["message"], history[0]
+        assert good != bad
+
+        (again,) = sync_now(server)
+        assert again["outcome"] == "held-back" and again["bytes"] == 0, again
+
+        # A newer revision that fixes the model is taken.
+        bucket.put("add_sub_int32/config.pbtxt", config_with_batch(published, "add_sub_int32", 2))
+        (fixed,) = sync_now(server)
+        assert fixed["outcome"] == "updated", fixed
+        wait_until("the fix is committed", lambda: committed(server))
+        assert max_batch_size(server, "add_sub_int32") == 2
+
+
+CRASHING_MODEL: Final = """
+import os
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        os._exit(3)
+"""
+
+
+def test_a_crashing_update_fails_its_probation(bucket: Bucket, published: dict[str, bytes]) -> None:
+    with run_server([bucket.url()], *sync_flags("--sync-probation-secs", "6")) as server:
+        wait_until("the first revision is committed", lambda: ready(server, "add_sub_python") and committed(server))
+        bucket.put("add_sub_python/1/model.py", CRASHING_MODEL.encode())
+        (run,) = sync_now(server)
+        assert run["outcome"] == "updated", run
+        client = httpclient.InferenceServerClient(server.http_url)
+
+        def rolled_back() -> bool:
+            # Requests keep coming: the first one the new model gets kills its process.
+            with contextlib.suppress(Exception):
+                infer_add_sub(client, "add_sub_python")
+            return bool(status(server)["sources"][0]["held_back"] == [run["revision"]])
+
+        wait_until("the rollback", rolled_back)
+        wait_until("the old model serves", lambda: ready(server, "add_sub_python"))
+        infer_add_sub(client, "add_sub_python")
+        runs = request(server.http_url, "GET", "/v2/edged/sync/history").json()["runs"]
+        assert runs[0]["outcome"] == "rolled-back" and "died" in runs[0]["message"], runs[0]
+    server.killed = True  # the crashed stub's exit is logged; the daemon itself stopped cleanly
+
+
+def test_kill_9_during_probation_leaves_one_complete_revision(
+    bucket: Bucket, published: dict[str, bytes], tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    flags = sync_flags("--state-dir", str(state), "--sync-probation-secs", "30")
+    with run_server([bucket.url()], *flags) as server:
+        wait_until("add_sub serves", lambda: ready(server, "add_sub"))
+        wait_until("the first probation", lambda: status(server)["sources"][0]["phase"] == "probation")
+        # Cut short: the first revision never got its verdict either; then a second revision arrives.
+    bucket.put("add_sub/config.pbtxt", config_with_batch(published, "add_sub", 4))
+    with run_server([bucket.url()], *flags) as server:
+        wait_until(
+            "the update is in probation",
+            lambda: max_batch_size(server, "add_sub") == 4 and status(server)["sources"][0]["phase"] == "probation",
+        )
+        server.killed = True
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+    flags = sync_flags("--state-dir", str(state), "--sync-probation-secs", "1")
+    with run_server([bucket.url()], *flags) as server:
+        assert max_batch_size(server, "add_sub") == 4
+        wait_until("the revision is committed after the restart", lambda: committed(server))
+        assert "holding its probation" in server.log()
+    (root,) = (state / "sync").iterdir()
+    manifest = json.loads((root / "current" / "manifest.json").read_text())
+    served = {
+        str(path.relative_to(root / "current" / "repo")): path.read_bytes()
+        for path in (root / "current" / "repo").rglob("*")
+        if path.is_file()
+    }
+    assert set(served) == set(manifest["files"]) == set(published)
+
+
+def test_closed_loop_load_across_an_update_fails_no_request(bucket: Bucket, published: dict[str, bytes]) -> None:
+    with run_server([bucket.url()], *sync_flags()) as server:
+        wait_until("add_sub is committed", lambda: ready(server, "add_sub") and committed(server))
+        failures: list[BaseException] = []
+        done = threading.Event()
+        count = [0]
+
+        def load() -> None:
+            client = httpclient.InferenceServerClient(server.http_url)
+            while not done.is_set():
+                try:
+                    infer_add_sub(client)
+                    count[0] += 1
+                except BaseException as error:
+                    failures.append(error)
+
+        workers = [threading.Thread(target=load) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        try:
+            time.sleep(0.5)
+            bucket.put("add_sub/config.pbtxt", config_with_batch(published, "add_sub", 4))
+            (run,) = sync_now(server)
+            assert run["outcome"] == "updated", run
+            wait_until("the new config serves", lambda: max_batch_size(server, "add_sub") == 4)
+            time.sleep(0.5)
+        finally:
+            done.set()
+            for worker in workers:
+                worker.join()
+        assert failures == [] and count[0] > 0
+
+
+def test_pause_resume_and_the_guarded_api(bucket: Bucket, published: dict[str, bytes]) -> None:
+    with run_server([bucket.url()], *sync_flags()) as server:
+        url = f"http://{server.http_url}"
+        assert edged("sync", "pause", "--url", url).returncode == 0
+        assert status(server)["paused"] is True
+        assert "sync paused" in edged("sync", "status", "--url", url).stdout
+        assert edged("sync", "resume", "--url", url).returncode == 0
+        assert status(server)["paused"] is False
+    # Without a repository to sync, the API says so.
+    with run_server([REPO_ROOT / "model_repository"]) as server:
+        reply = request(server.http_url, "GET", "/v2/edged/sync")
+        assert reply.status == 503 and "synced" in reply.error()
