@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import boto3
 import pytest
-from objectstores import gcs_emulator, gcs_upload, moto_server, tree, write_repository
+from objectstores import FaultProxy, gcs_emulator, gcs_upload, moto_server, tree, write_repository
 from server import REPO_ROOT, TRACEBACK_MARKER
 
 import edged
-from edged.sync import open_repository, sync_once
+from edged.sync import SourceProblem, SyncError, SyncResult, open_repository, sync_once
 from edged.sync.fleet import DeviceStatus, ModelStatus, Unreadable, channel_url, fleet, report
 
 if TYPE_CHECKING:
@@ -239,3 +239,50 @@ def test_an_empty_fleet_and_an_unreachable_bucket(store: Store) -> None:
     assert failed.returncode == 1 and failed.stdout == ""
     assert failed.stderr.startswith("edged: bucket or object not found") and failed.stderr.count("\n") == 1
     assert TRACEBACK_MARKER not in failed.stderr
+
+
+def test_a_channel_of_many_files_resumes_every_download_a_cut_link_stopped(store: Store, tmp_path: Path) -> None:
+    """Downloads run several at once: a link that goes down stops them all, each keeps what it had, and the next
+    run moves only the missing bytes."""
+    files = {f"model_{i:02d}/1/weights.bin": os.urandom(1 << 20) for i in range(12)}
+    store.put_tree("stable", files)
+    state = tmp_path / "state"
+    with FaultProxy(store.port).running() as proxy:
+        via = Store(store.kind, proxy.port, store.bucket, store.prefix)
+        url = channel_url(via.base, "stable")
+        proxy.set_budget((len(files) << 20) // 2)
+        with pytest.raises(SyncError) as cut:
+            asyncio.run(_sync(url, via.env, state))
+        assert cut.value.problem is SourceProblem.UNREACHABLE, cut.value
+        parts = list(state.rglob("*.part"))
+        assert len(parts) > 1, "the downloads ran one after the other"
+        # Staged downloads, partial or whole: nothing of them is fetched again.
+        kept = sum(path.stat().st_size for path in state.glob("sync/*/staging/objects/**/*") if path.is_file())
+        assert 0 < kept < len(files) << 20
+
+        proxy.set_budget(None)
+        resumed = asyncio.run(_sync(url, via.env, state))
+    assert tree(resumed.repository) == files
+    assert resumed.bytes_transferred == (len(files) << 20) - kept
+
+
+async def _sync(url: str, env: dict[str, str], state: Path) -> SyncResult:
+    source = open_repository(url, env)
+    try:
+        return await sync_once(source, state)
+    finally:
+        await source.close()
+
+
+def test_other_commands_load_no_sync_client() -> None:
+    probe = (
+        "import sys\n"
+        "from edged.cli import main\n"
+        "main(['version'])\n"
+        "loaded = sorted(m for m in ('obstore', 'gcloud.aio.storage', 'aiohttp', 'edged.sync') if m in sys.modules)\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=True
+    )
+    assert done.stdout.splitlines() == [f"edged {edged.__version__}", "[]"], done.stdout + done.stderr
