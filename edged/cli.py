@@ -45,6 +45,7 @@ def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
 
     _add_token_commands(commands)
     _add_sync_commands(commands)
+    _add_fleet_commands(commands)
     commands.add_parser("devices", help="print the devices model instances can run on (CPUs, GPUs, plug-ins' NPUs)")
     commands.add_parser("version", help="print the version")
     return parser
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return _token(args)
     if args.command == "sync":
         return _sync(args)
+    if args.command == "fleet":
+        return _fleet(args)
     if args.command == "config" and args.template:
         print(template(), end="")
         return 0
@@ -182,6 +185,66 @@ def _sync_status(status: dict[str, Any]) -> str:
         if source["next_run_in_s"] is not None:
             lines.append(f"  next run in {source['next_run_in_s']:.0f} s")
     return "\n".join(lines) + "\n"
+
+
+# --- edged fleet -----------------------------------------------------------------------------------------------
+
+
+def _add_fleet_commands(commands: Any) -> None:
+    fleet = commands.add_parser(
+        "fleet",
+        help="the devices that sync from a bucket, as their status objects there say",
+        description="Devices that report write BASE/.edged/devices/<device id>.json after each sync run; these "
+        "commands read them back. Credentials come from the environment, as for `edged serve` (AWS_*, "
+        "GOOGLE_APPLICATION_CREDENTIALS, STORAGE_EMULATOR_HOST).",
+    )
+    actions = fleet.add_subparsers(dest="action", required=True)
+    status = actions.add_parser("status", help="print every device of a bucket in a table")
+    status.add_argument("url", metavar="URL", help="the base repository (s3://... or gs://...), without a channel")
+    status.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
+    status.add_argument(
+        "--stale-after", default="1h", metavar="DURATION", help="mark reports older than this stale (default: 1h)"
+    )
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import time
+
+    # Imported here: the sync clients are an extra, and no other command needs them.
+    from edged.sync import SyncError, open_repository
+    from edged.sync.fleet import fleet, format_table, parse_duration, to_json
+
+    try:
+        stale_after = parse_duration(args.stale_after)
+    except ValueError as error:
+        print(f"edged: --stale-after: {error}", file=sys.stderr)
+        return 2
+
+    async def read() -> list[Any]:
+        base = open_repository(args.url, os.environ)
+        try:
+            return list(await fleet(base))
+        finally:
+            await base.close()
+
+    try:
+        reports = asyncio.run(read())
+    except SyncError as error:
+        print(f"edged: {error}", file=sys.stderr)
+        return 1
+    finally:
+        # obstore's runtime threads hand each result to the event loop, then wait for the GIL to return; one still
+        # waiting when the interpreter finalizes is ended by pthread_exit, which aborts the process from Rust code
+        # (Python before 3.14). A moment without the GIL lets the last one finish first.
+        time.sleep(0.05)
+    now = datetime.now(UTC)
+    if args.json:
+        print(json.dumps(to_json(reports, now, stale_after), indent=2))
+    else:
+        print(format_table(reports, now, stale_after))
+    return 0
 
 
 # --- edged token ------------------------------------------------------------------------------------------------

@@ -31,6 +31,10 @@ so only when there are some, as Triton 2.51 requires) and config.pbtxt. perf_ana
 concurrency 1, 8 and 16 with batch-1 requests (HTTP unless ``--protocols`` says otherwise). Its results go under
 the ``python`` key of bench-results.json, beside what other runs left there.
 
+With ``--sync`` it measures repository sync instead: edged's ``sync_once`` against ``aws s3 sync`` on the same
+moto S3 server, full downloads of a ~300 MB repository and of a 1,000-file one, then one changed file; see
+scripts/bench_sync.py. Its results go under the ``sync`` key of bench-results.json.
+
 With ``--tls`` it measures what TLS costs: add_sub on edged over plaintext and over TLS (a certificate made for
 the run by trustme, RSA 2048, TLS 1.3), one daemon after the other in the same run, over HTTP and gRPC unary
 calls at concurrency 1, 8 and 16. Its results go under the ``tls`` key of bench-results.json.
@@ -48,6 +52,8 @@ Run it through ``scripts/bench``, which sets up the checkout first::
     scripts/bench --python --quick      # the same with short windows
     scripts/bench --tls                 # add_sub over TLS against plaintext, HTTP and gRPC (a few minutes)
     scripts/bench --tls --quick         # the same at concurrency 1 and 8, short windows
+    scripts/bench --sync                # repository sync against aws s3 sync on moto (a few minutes)
+    scripts/bench --sync --quick        # the same with a ~60 MB repository and fewer runs
 
 perf_analyzer 2.60 loads the CUDA runtime (libcudart) whenever it runs with shared memory, even system shared
 memory, and stops when it cannot. Loading the library needs no GPU, so before the first shared-memory run the
@@ -1346,6 +1352,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only the Python-backend comparison: add_sub_python against the ONNX add_sub and Triton's Python "
         "backend (HTTP unless --protocols says otherwise)",
     )
+    phase.add_argument(
+        "--sync",
+        action="store_true",
+        help="only the repository-sync comparison: edged's sync against `aws s3 sync` on a moto S3 server "
+        "(full download of a large and of a 1,000-file repository, then one changed file)",
+    )
     parser.add_argument("--skip-triton", action="store_true", help="do not measure Triton")
     parser.add_argument(
         "--protocols",
@@ -1358,6 +1370,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Stopped with SIGTERM (timeout, kill), it unwinds as for Ctrl-C, so the server it started is stopped too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.sync:
+        # No model, server or load generator: the sync phase brings its own S3 endpoint and client.
+        BENCH_DIR.mkdir(exist_ok=True)
+        from bench_sync import run_sync
+
+        return run_sync(args.quick, argv, save_results)
 
     began = time.monotonic()
     models = bench_models(args.quick)

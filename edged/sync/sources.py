@@ -338,7 +338,11 @@ class GCSRepository:
     async def write(self, key: str, data: bytes) -> None:
         name = f"{self._source.prefix}/{key}" if self._source.prefix else key
         try:
-            await self._client().upload(self._source.bucket, name, data, timeout=self._timeout)
+            # The type is given, not guessed from the name: a body sent as application/json is read as a JSON API
+            # request by some GCS-compatible servers (the GCS emulator) instead of being stored.
+            await self._client().upload(
+                self._source.bucket, name, data, content_type="application/octet-stream", timeout=self._timeout
+            )
         except Exception as exc:
             raise _gcs_error(exc, f"{self.url}/{key}") from exc
 

@@ -126,7 +126,7 @@ def sync_now(server: Server) -> list[dict[str, Any]]:
 
 def committed(server: Server) -> bool:
     (source,) = status(server)["sources"]
-    return source["phase"] == "idle" and source["revision"] == source["good_revision"]
+    return bool(source["phase"] == "idle" and source["revision"] == source["good_revision"])
 
 
 def infer_add_sub(client: httpclient.InferenceServerClient, model: str = "add_sub") -> None:
