@@ -72,11 +72,19 @@ def _check_rate(value: Any) -> None:
 
 
 def _check_channel(value: Any) -> None:
-    from edged.core.names import model_name_problem
+    from edged.sync.fleet import channel_problem
 
-    problem = model_name_problem(str(value))
+    problem = channel_problem(str(value))
     if problem is not None:
-        raise ValueError(f"'{value}' cannot be a channel: {problem}")
+        raise ValueError(problem)
+
+
+def _check_device_id(value: Any) -> None:
+    from edged.sync.fleet import device_id_problem
+
+    problem = device_id_problem(str(value))
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _check_backend_config(value: Any) -> None:
@@ -588,7 +596,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "this device's name in fleet status reports",
         metavar="NAME",
         unset="the host name",
-        check=_check_channel,
+        check=_check_device_id,
     ),
     Option(
         "sync-report-status",

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import Counter, Gauge
 
 from edged.sync.errors import SourceProblem, SyncError
-from edged.sync.paths import channel_url, source_id
+from edged.sync.fleet import channel_url
+from edged.sync.paths import source_id
 from edged.sync.probation import ProbationLimits, apply, changed_models
 from edged.sync.runner import RunOptions, SyncResult, Verifier, sync_once
 from edged.sync.snapshots import SnapshotStore
@@ -101,6 +102,8 @@ class _Source:
     store: SnapshotStore
     remote: RemoteRepository
     verifier: Verifier | None
+    # Where this device's status is written (the repository without its channel); None: not reported.
+    fleet: RemoteRepository | None = None
     phase: str = "idle"
     signed: bool = False
     last_run: SyncRunRecord | None = None
@@ -141,12 +144,13 @@ class RepositorySync:
         self._probations: set[asyncio.Task[None]] = set()
         self._sources: list[_Source] = []
         for base in urls:
-            url = channel_url(base, settings.channel)
+            url = channel_url(base, settings.channel)  # SyncError for a channel that cannot be a folder
             snapshots = SnapshotStore(state_dir, url)
             snapshots.ensure_current()
             remote = open_repository(url, env, settings.client)
             verifier = self._verifier(settings, snapshots) if settings.trusted_root is not None else None
-            self._sources.append(_Source(url, state_dir, snapshots, remote, verifier))
+            fleet = open_repository(base, env, settings.client) if settings.report_status else None
+            self._sources.append(_Source(url, state_dir, snapshots, remote, verifier, fleet))
 
     @staticmethod
     def _verifier(settings: SyncSettings, snapshots: SnapshotStore) -> Verifier:
@@ -176,8 +180,10 @@ class RepositorySync:
         await asyncio.gather(*self._tasks, *self._probations, return_exceptions=True)
         self._tasks.clear()
         for source in self._sources:
-            with contextlib.suppress(Exception):
-                await source.remote.close()
+            for client in (source.remote, source.fleet):
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await client.close()
 
     # --- the API ----------------------------------------------------------------------------------------------
 
@@ -245,6 +251,7 @@ class RepositorySync:
                 if source.phase == "syncing":
                     source.phase = "idle"
             self._schedule(source)
+            await self._report(source)
             return run
 
     def _schedule(self, source: _Source) -> None:
@@ -358,6 +365,7 @@ class RepositorySync:
                 None,
             )
             log.info("revision %s of %s committed as last known good", revision, source.url)
+            await self._report(source)
             return
         source.phase = "rolling back"
         reason = "; ".join(f"model '{name}': {why}" for name, why in sorted(failed.items()))
@@ -386,6 +394,7 @@ class RepositorySync:
         await self._set_verdict(source, revision, "bad", reason)
         await self._record(source, "rolled-back", mixed.revision, revision, len(failed), 0, None, reason, None)
         self._show_revision(source)
+        await self._report(source)
 
     # --- records ----------------------------------------------------------------------------------------------
 
@@ -422,6 +431,38 @@ class RepositorySync:
                 log.exception("the sync run of %s was not recorded", source.url)
         source.last_run = run
         return run
+
+    async def _report(self, source: _Source) -> None:
+        """Write this device's status next to the repository, for ``edged fleet status``; a failure to write it is
+        logged and changes nothing else (the bucket may well be read-only to devices)."""
+        if source.fleet is None:
+            return
+        from edged import __version__
+        from edged.sync.fleet import DeviceStatus, ModelStatus, report
+
+        models = {}
+        for name in self._manager.names():
+            entry = self._manager.entry(name)
+            if entry is None or not entry.wanted:
+                continue
+            versions = self._manager.ready_versions(name)
+            models[name] = ModelStatus(entry.state.name, ",".join(map(str, versions)) or None)
+        current = source.store.current()
+        status = DeviceStatus(
+            device=self._settings.device_id,
+            channel=self._settings.channel,
+            revision=current.revision if current is not None else None,
+            signed=source.signed,
+            models=models,
+            last_error=source.last_error,
+            last_sync=source.last_success,
+            updated_at=datetime.now(UTC),
+            edged_version=__version__,
+        )
+        try:
+            await report(source.fleet, status)
+        except (SyncError, ValueError) as error:
+            log.warning("the status of this device was not written to %s: %s", source.fleet.url, error)
 
     def _show_revision(self, source: _Source) -> None:
         current = source.store.current()

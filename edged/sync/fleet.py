@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 import msgspec
 
 from edged.core.names import model_name_problem, printable
+from edged.sync import paths
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import RemoteEntry
 from edged.sync.runner import METADATA_DIR
@@ -105,13 +106,10 @@ def channel_problem(channel: str) -> str | None:
 def channel_url(base: str, channel: str | None) -> str:
     """The repository a device on ``channel`` syncs: ``base/channel``, or ``base`` without a channel. Raises
     SyncError(BAD_URL) for a channel that is not a single folder name."""
-    base = base.rstrip("/")
-    if channel is None:
-        return base
-    problem = channel_problem(channel)
+    problem = channel_problem(channel) if channel is not None else None
     if problem is not None:
         raise SyncError(SourceProblem.BAD_URL, problem)
-    return f"{base}/{channel}"
+    return paths.channel_url(base, channel)
 
 
 def status_key(device: str) -> str:

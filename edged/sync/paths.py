@@ -10,7 +10,8 @@ from pathlib import Path
 def channel_url(base: str, channel: str | None) -> str:
     """The repository a device on ``channel`` follows: the folder of that name under ``base`` (``base`` itself
     without a channel)."""
-    return f"{base.rstrip('/')}/{channel}" if channel else base
+    base = base.rstrip("/")
+    return f"{base}/{channel}" if channel else base
 
 
 def source_id(url: str) -> str:

@@ -352,3 +352,19 @@ def test_pause_resume_and_the_guarded_api(bucket: Bucket, published: dict[str, b
     with run_server([REPO_ROOT / "model_repository"]) as server:
         reply = request(server.http_url, "GET", "/v2/edged/sync")
         assert reply.status == 503 and "synced" in reply.error()
+
+
+def test_a_device_on_a_channel_reports_its_status_to_the_fleet(bucket: Bucket, tmp_path: Path) -> None:
+    files = write_repository(tmp_path / "published")
+    bucket.put_tree({f"stable/{key}": data for key, data in files.items()})
+    flags = sync_flags("--sync-channel", "stable", "--sync-report-status", "true", "--device-id", "kiosk-7")
+    with run_server([bucket.url()], *flags) as server:
+        wait_until("the channel's models serve", lambda: ready(server, "add_sub") and committed(server))
+        (source,) = status(server)["sources"]
+        assert source["url"] == f"{bucket.url()}/stable"
+        done = edged("fleet", "status", bucket.url(), "--json")
+        assert done.returncode == 0, done.stderr
+        (device,) = json.loads(done.stdout)
+        assert device["device"] == "kiosk-7" and device["channel"] == "stable", device
+        assert device["revision"] == source["good_revision"] and device["last_error"] is None, device
+        assert device["models"]["add_sub"]["state"] == "READY", device
