@@ -46,6 +46,7 @@ def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
     _add_token_commands(commands)
     _add_sync_commands(commands)
     _add_fleet_commands(commands)
+    _add_publish_commands(commands)
     commands.add_parser("devices", help="print the devices model instances can run on (CPUs, GPUs, plug-ins' NPUs)")
     commands.add_parser("version", help="print the version")
     return parser
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         return _sync(args)
     if args.command == "fleet":
         return _fleet(args)
+    if args.command in ("keygen", "publish"):
+        return _publish(args)
     if args.command == "config" and args.template:
         print(template(), end="")
         return 0
@@ -299,6 +302,58 @@ def _token(args: argparse.Namespace) -> int:
         print(f"edged: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+# --- edged keygen, edged publish ---------------------------------------------------------------------------------
+
+
+def _add_publish_commands(commands: Any) -> None:
+    keygen = commands.add_parser(
+        "keygen",
+        help="make the signing keys of a published repository (root.pem, online.pem)",
+        description="Writes two new ed25519 private keys (PEM, mode 0600) into DIR: root.pem signs the root "
+        "metadata that devices trust (the first publish, and re-signing the root to change the online key): keep it "
+        "offline. online.pem signs every publish. Existing keys are never overwritten.",
+    )
+    keygen.add_argument("directory", type=Path, metavar="DIR")
+    publish = commands.add_parser(
+        "publish",
+        help="sign a model repository and upload it to s3:// or gs:// (The Update Framework)",
+        description="Validates LOCAL_REPO (as check-repo does), uploads the files that changed since the last "
+        "publish, then signed metadata under URL/.edged/metadata/ (targets with every file's length and sha256, "
+        "snapshot, timestamp), and deletes the objects the repository no longer has. Devices syncing URL with the "
+        "printed root.json as their trusted root refuse tampered files, other keys, rolled-back, expired or mixed "
+        "metadata. Each publish is revision vN. Run it again (even without changes) before --expires runs out. "
+        "Credentials come from the environment, as for sync (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, ...).",
+    )
+    publish.add_argument("repository", type=Path, metavar="LOCAL_REPO")
+    publish.add_argument("url", metavar="URL", help="s3://[host:port/]bucket/prefix or gs://bucket/prefix")
+    publish.add_argument("--key", type=Path, required=True, metavar="ONLINE_KEY", help="the online key (online.pem)")
+    publish.add_argument(
+        "--root-key",
+        type=Path,
+        metavar="ROOT_KEY",
+        help="the root key (root.pem): needed on the first publish; given later, the root is re-signed as its next "
+        "version with --key as the online key (a rotation) and --root-expires",
+    )
+    publish.add_argument("--expires", default="30d", metavar="DURATION", help="metadata lifetime (default: 30d)")
+    publish.add_argument("--root-expires", default="365d", metavar="DURATION", help="root lifetime (default: 365d)")
+    publish.add_argument(
+        "--root-out", type=Path, metavar="PATH", help="where to write root.json (default: beside ONLINE_KEY)"
+    )
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from edged.sync.publish import keygen_command, publish_command
+
+    if args.command == "keygen":
+        return keygen_command(args.directory)
+    try:
+        expires, root_expires = _expiry(args.expires), _expiry(args.root_expires)
+    except ValueError as error:
+        print(f"edged: {error}", file=sys.stderr)
+        return 1
+    return publish_command(args.repository, args.url, args.key, args.root_key, expires, root_expires, args.root_out)
 
 
 def _state_dir(args: argparse.Namespace) -> Path:

@@ -109,7 +109,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def run_server(repositories: Sequence[Path | str], *extra_args: str, tls: ssl.SSLContext | None = None) -> Iterator[Server]:
+def run_server(
+    repositories: Sequence[Path | str], *extra_args: str, tls: ssl.SSLContext | None = None
+) -> Iterator[Server]:
     """Starts ``edged serve`` on the repositories and yields it once ``GET /v2/health/live`` answers 200 and the
     daemon has logged that it is ready; ``tls``: the client context to ask with, when HTTP is served over TLS."""
     http_port, metrics_port, grpc_port = free_ports(3)

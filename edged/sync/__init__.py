@@ -16,7 +16,16 @@ What exists
     snapshots.py  ``SnapshotStore``: ``<state dir>/sync/<source id>/`` with ``snapshots/rNNNNNN`` (complete,
                   read-only, with a manifest), ``current`` and ``previous`` links swapped by rename, staging,
                   a lock, garbage collection, ``rollback``.
-    runner.py     ``sync_once(source, state_dir) -> SyncResult``: list, plan, download, verify, build, switch.
+    runner.py     ``sync_once(source, state_dir, verifier=None) -> SyncResult``: list, plan, download, verify, build,
+                  switch.
+    signed.py     ``TufVerifier``: a signed source's listing from The Update Framework's metadata in
+                  ``<prefix>/.edged/metadata/``, verified by python-tuf's ngclient against a root installed on the
+                  device; each file comes with the sha256 and length its download must have, and the revision is
+                  ``vN``, the Nth publish. Refusals are ``SourceProblem.UNTRUSTED`` naming the attack (another key,
+                  rollback, freeze with its date, mix and match, endless metadata, no metadata at all).
+    publish.py    ``edged keygen`` (root and online ed25519 keys) and ``edged publish``: validate a local repository,
+                  upload what changed, then sign targets, snapshot and timestamp (root on first publish or with
+                  ``--root-key``) with python-tuf's Metadata API, delete what the repository no longer has.
     errors.py     ``SyncError`` and its ``SourceProblem``.
 
 Decisions
@@ -37,10 +46,18 @@ Decisions
     - The remote is read with no lock held on anything the server uses: the current snapshot keeps serving
       whatever the network does.
 
+    - Signed sources: python-tuf 7.0.1 with securesystemslib's crypto extra (ngclient on the device, the Metadata
+      API for publishing; about 4.9 MB installed with urllib3, which ngclient imports; cryptography comes with
+      gcloud-aio-storage). Target paths are the keys themselves, so a signed bucket is still a plain Triton
+      repository; consistent snapshots apply to metadata only. A local file whose sha256 equals a signed one is
+      kept, so signing an unsigned source or re-signing downloads nothing again. A source without a verifier is
+      synced by object digests, which the operator must allow.
+
 Next steps
-    - Signed repositories with python-tuf (ngclient on the device): targets metadata gives sha256 and length for
-      every file, replacing the MD5 / ETag check, and closes rollback, freeze, mix-and-match and endless-data
-      attacks; ``edged publish`` with the Metadata API.
+    - Signed sources, known gaps: a device syncing while a publish uploads its files may see them fail the
+      sha256 check until the publish's timestamp lands (the next run succeeds; hash-prefixed target objects would
+      close that, at the cost of the plain layout); rotating the root key itself (not the online key) is not
+      supported by ``edged publish``; an upload reads each file whole into memory; delegated targets are refused.
     - Probation and automatic rollback: after ``switch``, reload only the changed models, run warm-up, watch them,
       then commit last-known-good in the state store; ``SnapshotStore.rollback`` is the mechanism.
     - Wiring: ``--model-repository s3://...`` resolves to ``current/repo`` at start (local-first: the last snapshot

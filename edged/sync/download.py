@@ -39,7 +39,8 @@ async def fetch(
     progress: Progress | None = None,
 ) -> Fetched:
     """Stage ``entry``: append to what an earlier run left (a Range read from there), then check size and, where
-    the store reports one, MD5. A file that fails the check is dropped, so the next run fetches it whole."""
+    known, MD5 (from the store) or sha256 (from signed metadata). A file that fails the check is dropped, so the
+    next run fetches it whole."""
     done = store.staged(entry)
     if done.exists():
         return Fetched(_verify(done, entry), 0, entry.size)
@@ -77,7 +78,7 @@ async def fetch(
 
 
 def _verify(path: Path, entry: RemoteEntry) -> str:
-    """The file's sha256, once its size and (when known) MD5 match the listing."""
+    """The file's sha256, once its size and (when known) MD5 or signed sha256 match the listing."""
     size = path.stat().st_size
     if size != entry.size:
         raise SyncError(SourceProblem.VERIFY_FAILED, f"{entry.path}: got {size} bytes, the listing says {entry.size}")
@@ -91,4 +92,10 @@ def _verify(path: Path, entry: RemoteEntry) -> str:
     if kind == "md5" and md5.hexdigest() != expected:
         got = md5.hexdigest()
         raise SyncError(SourceProblem.VERIFY_FAILED, f"{entry.path}: MD5 {got}, the listing says {expected}")
+    if kind == "sha256" and sha256.hexdigest() != expected:
+        got = sha256.hexdigest()
+        raise SyncError(
+            SourceProblem.VERIFY_FAILED,
+            f"{entry.path}: sha256 {got}, the signed metadata says {expected} (tampered or corrupted)",
+        )
     return sha256.hexdigest()

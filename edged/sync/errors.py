@@ -17,6 +17,8 @@ class SourceProblem(enum.Enum):
     CHANGED = "object changed during the sync"
     REFUSED = "repository refused"
     VERIFY_FAILED = "verification failed"
+    # A signed source whose metadata fails TUF's checks (wrong key, expired, rolled back, mixed, endless, absent).
+    UNTRUSTED = "signed metadata refused"
     BUSY = "another sync of the same source is running"
     NO_SPACE = "not enough free disk space"
     OTHER = "remote error"

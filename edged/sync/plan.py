@@ -27,7 +27,8 @@ class RemoteEntry:
     path: str
     size: int
     # "md5:<hex>" when the store reports the content's MD5 (S3 single-part ETag, GCS md5Hash), so the download can
-    # be verified; otherwise "etag:<etag>", which still tells a change apart but proves nothing about the bytes.
+    # be verified; otherwise "etag:<etag>", which still tells a change apart but proves nothing about the bytes;
+    # "sha256:<hex>" for a signed source, from its verified targets metadata.
     digest: str
     # What a conditional read sends so that an object replaced between listing and download is noticed (S3: the
     # ETag, GCS: the generation); None when the store has none.
@@ -123,15 +124,20 @@ def revision_of(entries: Iterable[RemoteEntry]) -> str:
 
 def plan_delta(remote: Sequence[RemoteEntry], current: Mapping[str, LocalEntry]) -> Plan:
     """What to download (new or changed by digest or size), what to hard-link from ``current``, what goes away.
-    ``remote`` must have passed ``check_listing``."""
+    A file whose recorded sha256 is the signed one is kept whatever digest the store gave it before, so that
+    signing a source (or re-signing it) downloads nothing again. ``remote`` must have passed ``check_listing``."""
     download: list[RemoteEntry] = []
     keep: list[RemoteEntry] = []
     for entry in remote:
         local = current.get(entry.path)
-        if local is not None and local.digest == entry.digest and local.size == entry.size:
+        if local is not None and local.size == entry.size and _same_content(local, entry):
             keep.append(entry)
         else:
             download.append(entry)
     listed = {entry.path for entry in remote}
     remove = tuple(sorted(path for path in current if path not in listed))
     return Plan(tuple(download), tuple(keep), remove, revision_of(remote))
+
+
+def _same_content(local: LocalEntry, remote: RemoteEntry) -> bool:
+    return remote.digest in (local.digest, f"sha256:{local.sha256}")

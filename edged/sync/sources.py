@@ -101,6 +101,10 @@ class RemoteRepository(Protocol):
         """Store ``data`` at ``key`` (relative to the prefix), replacing what was there: fleet status objects and
         published repositories. Raises SyncError."""
 
+    async def delete(self, key: str) -> None:
+        """Remove the object at ``key`` (relative to the prefix): files a published repository no longer has.
+        Raises SyncError."""
+
     async def close(self) -> None: ...
 
 
@@ -221,6 +225,14 @@ class S3Repository:
         except Exception as exc:
             raise _s3_error(exc, f"{self.url}/{key}") from exc
 
+    async def delete(self, key: str) -> None:
+        import obstore
+
+        try:
+            await obstore.delete_async(self._store, key)
+        except Exception as exc:
+            raise _s3_error(exc, f"{self.url}/{key}") from exc
+
     async def close(self) -> None:
         """obstore's client holds no connection that needs closing."""
 
@@ -338,11 +350,17 @@ class GCSRepository:
     async def write(self, key: str, data: bytes) -> None:
         name = f"{self._source.prefix}/{key}" if self._source.prefix else key
         try:
-            # The type is given, not guessed from the name: a body sent as application/json is read as a JSON API
-            # request by some GCS-compatible servers (the GCS emulator) instead of being stored.
+            # Bytes to edged, whatever the name: a type guessed from ".json" also breaks the GCS emulator's upload.
             await self._client().upload(
                 self._source.bucket, name, data, content_type="application/octet-stream", timeout=self._timeout
             )
+        except Exception as exc:
+            raise _gcs_error(exc, f"{self.url}/{key}") from exc
+
+    async def delete(self, key: str) -> None:
+        name = f"{self._source.prefix}/{key}" if self._source.prefix else key
+        try:
+            await self._client().delete(self._source.bucket, name, timeout=self._timeout)
         except Exception as exc:
             raise _gcs_error(exc, f"{self.url}/{key}") from exc
 
