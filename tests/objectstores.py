@@ -96,7 +96,10 @@ class FaultProxy:
     """A TCP proxy to ``127.0.0.1:upstream``. ``budget`` caps the bytes it passes from the server (None: no cap);
     once spent it cuts every connection and refuses new ones, as a link that went down does, or, with ``stall``,
     holds them (new ones included) open and silent, as a link that stopped moving does. ``idle_close_s`` closes a
-    connection that carried nothing for that long, as a store or a NAT drops an idle keep-alive connection."""
+    connection that carried nothing for that long, as a store or a NAT drops an idle keep-alive connection. With
+    ``keep_alive``, the proxy speaks HTTP/1.1 with keep-alive to its clients (relaying each request on a connection
+    of its own, since the test servers close theirs after every response), so that a client has idle connections
+    to lose; only the idle closing applies then."""
 
     upstream: int
     port: int = field(default_factory=free_port)
@@ -106,6 +109,7 @@ class FaultProxy:
     corrupt_at: int | None = None
     passed: int = 0
     idle_close_s: float | None = None
+    keep_alive: bool = False
     # Counted over the proxy's life, never reset: bytes from the server, connections accepted, idle ones closed.
     total: int = 0
     accepted: int = 0
@@ -190,6 +194,9 @@ class FaultProxy:
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
+        if self.keep_alive:
+            await self._serve_keep_alive(client_reader, client_writer)
+            return
         if self.budget is not None and self.passed >= self.budget:
             # A stalled link swallows what is sent and answers nothing, until the stall is lifted.
             while self.stall:
@@ -212,6 +219,51 @@ class FaultProxy:
         finally:
             idle.cancel()
             self._writers.difference_update((client_writer, server_writer))
+
+    async def _serve_keep_alive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        activity = [self._loop.time()]
+        idle = self._loop.create_task(self._close_when_idle(activity, writer))
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                activity[0] = self._loop.time()
+                request_line, *lines = head.decode("latin-1").split("\r\n")
+                method, target, _version = request_line.split(" ", 2)
+                fields = [
+                    line for line in lines if line and not line.lower().startswith(("connection:", "keep-alive:"))
+                ]
+                length = next((int(f.split(":", 1)[1]) for f in fields if f.lower().startswith("content-length:")), 0)
+                body = await reader.readexactly(length)
+                # HTTP/1.0 upstream: the answer is never chunked and ends when the server closes.
+                upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+                forwarded = "\r\n".join([f"{method} {target} HTTP/1.0", *fields, "Connection: close", "", ""])
+                upstream_writer.write(forwarded.encode("latin-1") + body)
+                answer = await upstream_reader.read()
+                upstream_writer.close()
+                answer_head, _, answer_body = answer.partition(b"\r\n\r\n")
+                status_line, *answer_lines = answer_head.decode("latin-1").split("\r\n")
+                dropped = ("connection:", "keep-alive:", "transfer-encoding:")
+                if method != "HEAD":
+                    dropped += ("content-length:",)
+                kept = [line for line in answer_lines if not line.lower().startswith(dropped)]
+                if method != "HEAD":
+                    kept.append(f"Content-Length: {len(answer_body)}")
+                status = "HTTP/1.1 " + status_line.split(" ", 1)[1]
+                reply = "\r\n".join([status, *kept, "Connection: keep-alive", "", ""]).encode("latin-1")
+                self.total += len(answer_body)
+                writer.write(reply + (b"" if method == "HEAD" else answer_body))
+                await writer.drain()
+                activity[0] = self._loop.time()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            idle.cancel()
+            self._writers.discard(writer)
+            writer.transport.abort()
 
     async def _close_when_idle(self, activity: list[float], *writers: asyncio.StreamWriter) -> None:
         while True:

@@ -121,7 +121,9 @@ def test_stalled_listing_keeps_current(store: tuple[synccases.Remote, FaultProxy
 
 
 def test_idle_connection_dropped_between_runs(store: tuple[synccases.Remote, FaultProxy], tmp_path: Path) -> None:
-    synccases.idle_connection_dropped_between_runs(store[0], tmp_path, store[1])
+    remote, proxy = store
+    with FaultProxy(proxy.upstream, keep_alive=True).running() as keeping_alive:
+        synccases.idle_connection_dropped_between_runs(remote, tmp_path, keeping_alive)
 
 
 # -- SIGKILL at every phase of a run, in a child process (S3)
