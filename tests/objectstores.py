@@ -91,6 +91,29 @@ def gcs_upload(port: int, bucket: str, name: str, data: bytes) -> None:
         json.load(response)
 
 
+class S3Bucket:
+    """A bucket on an S3 endpoint (``host:port``), written to as a publisher's client would."""
+
+    def __init__(self, endpoint: str, name: str, credentials: dict[str, str]) -> None:
+        import boto3
+
+        self.name = name
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=f"http://{endpoint}",
+            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
+        self.client.create_bucket(Bucket=name)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.name, Key=key, Body=data)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.name, Key=key)
+
+
 @dataclass
 class FaultProxy:
     """A TCP proxy to ``127.0.0.1:upstream``. ``budget`` caps the bytes it passes from the server (None: no cap);
@@ -246,7 +269,7 @@ class FaultProxy:
                 upstream_writer.close()
                 answer_head, _, answer_body = answer.partition(b"\r\n\r\n")
                 status_line, *answer_lines = answer_head.decode("latin-1").split("\r\n")
-                dropped = ("connection:", "keep-alive:", "transfer-encoding:")
+                dropped: tuple[str, ...] = ("connection:", "keep-alive:", "transfer-encoding:")
                 if method != "HEAD":
                     dropped += ("content-length:",)
                 kept = [line for line in answer_lines if not line.lower().startswith(dropped)]

@@ -132,7 +132,7 @@ def interrupted_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultPro
         remote.sync(state, via=proxy)
     assert cut.value.problem is SourceProblem.UNREACHABLE, cut.value
     assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
-    partial = _partial_size(state)
+    partial = partial_size(state)
     assert 0 < partial < BIG_BYTES
 
     proxy.set_budget(None)
@@ -156,7 +156,7 @@ def corrupted_download_is_refused(remote: Remote, tmp_path: Path, proxy: FaultPr
         remote.sync(state, via=proxy)
     assert corrupted.value.problem is SourceProblem.VERIFY_FAILED, corrupted.value
     assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
-    assert _partial_size(state) == 0
+    assert partial_size(state) == 0
 
     proxy.set_corruption(None)
     repaired = remote.sync(state, via=proxy)
@@ -203,15 +203,15 @@ def killed_mid_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultProx
     )
     try:
         deadline = time.monotonic() + 15
-        while _partial_size(state) < BIG_BYTES // 4 and time.monotonic() < deadline:
+        while partial_size(state) < BIG_BYTES // 4 and time.monotonic() < deadline:
             assert child.poll() is None, "the sync ended instead of stalling"
             time.sleep(0.05)
-        assert _partial_size(state) >= BIG_BYTES // 4, "the download did not start"
+        assert partial_size(state) >= BIG_BYTES // 4, "the download did not start"
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
     assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
-    partial = _partial_size(state)
+    partial = partial_size(state)
 
     proxy.set_budget(None)
     resumed = remote.sync(state, via=proxy)
@@ -249,7 +249,7 @@ def stalled_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultProxy) 
     proxy.set_budget(BIG_BYTES // 2, stall=True)
     _fails_unreachable(remote, state, proxy)
     assert serving(state).resolve() == first.repository.resolve() and tree(serving(state)) == files
-    partial = _partial_size(state)
+    partial = partial_size(state)
     assert 0 < partial < BIG_BYTES
 
     proxy.set_budget(None)
@@ -280,7 +280,7 @@ def repeatedly_cut_download_completes(remote: Remote, tmp_path: Path, proxy: Fau
             done = remote.sync(state, via=proxy, options=IMPATIENT)
         except SyncError as cut:
             assert cut.problem is SourceProblem.UNREACHABLE, cut
-            partials.append(_partial_size(state))
+            partials.append(partial_size(state))
             assert partials[-1] > partials[-2], f"a cut run kept nothing: {partials}"
             continue
         break
@@ -350,7 +350,7 @@ def serving(state: Path) -> Path:
     return source / "current" / "repo"
 
 
-def _partial_size(state: Path) -> int:
+def partial_size(state: Path) -> int:
     parts = list(state.rglob("*.part"))
     assert len(parts) <= 1, parts
     return parts[0].stat().st_size if parts else 0
