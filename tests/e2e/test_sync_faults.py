@@ -224,7 +224,8 @@ def check_resumes(revisions: Revisions, state: Path, served: dict[str, bytes]) -
     root = source_root(state)
     assert not list(root.rglob("*.part")) and not list(root.glob(".*.link"))
     assert not (root / "staging").exists()
-    assert len(snapshot_names(state)) <= 2
+    linked = {os.readlink(link).rpartition("/")[2] for link in root.iterdir() if link.is_symlink()}
+    assert snapshot_names(state) <= linked, "a snapshot no link names was left behind"
     assert tree(root / "previous" / "repo") in (revisions.old, revisions.new)
     return staged
 
