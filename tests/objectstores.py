@@ -91,11 +91,38 @@ def gcs_upload(port: int, bucket: str, name: str, data: bytes) -> None:
         json.load(response)
 
 
+class S3Bucket:
+    """A bucket on an S3 endpoint (``host:port``), written to as a publisher's client would."""
+
+    def __init__(self, endpoint: str, name: str, credentials: dict[str, str]) -> None:
+        import boto3
+
+        self.name = name
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=f"http://{endpoint}",
+            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
+        self.client.create_bucket(Bucket=name)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.name, Key=key, Body=data)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.name, Key=key)
+
+
 @dataclass
 class FaultProxy:
     """A TCP proxy to ``127.0.0.1:upstream``. ``budget`` caps the bytes it passes from the server (None: no cap);
     once spent it cuts every connection and refuses new ones, as a link that went down does, or, with ``stall``,
-    holds them open and silent, as a link that stopped moving does."""
+    holds them (new ones included) open and silent, as a link that stopped moving does. ``idle_close_s`` closes a
+    connection that carried nothing for that long, as a store or a NAT drops an idle keep-alive connection. With
+    ``keep_alive``, the proxy speaks HTTP/1.1 with keep-alive to its clients (relaying each request on a connection
+    of its own, since the test servers close theirs after every response), so that a client has idle connections
+    to lose; only the idle closing applies then."""
 
     upstream: int
     port: int = field(default_factory=free_port)
@@ -104,6 +131,12 @@ class FaultProxy:
     # The offset (counted like ``passed``) of one byte from the server to flip on its way, as a bad link might.
     corrupt_at: int | None = None
     passed: int = 0
+    idle_close_s: float | None = None
+    keep_alive: bool = False
+    # Counted over the proxy's life, never reset: bytes from the server, connections accepted, idle ones closed.
+    total: int = 0
+    accepted: int = 0
+    idle_closed: int = 0
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
@@ -114,6 +147,13 @@ class FaultProxy:
             self.passed = 0
             if budget == 0:
                 self._cut_all()
+
+        self._loop.call_soon_threadsafe(apply)
+        time.sleep(0.05)
+
+    def set_idle_close(self, seconds: float | None) -> None:
+        def apply() -> None:
+            self.idle_close_s = seconds
 
         self._loop.call_soon_threadsafe(apply)
         time.sleep(0.05)
@@ -141,13 +181,17 @@ class FaultProxy:
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, downstream: bool) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, downstream: bool, activity: list[float]
+    ) -> None:
         try:
             while data := await reader.read(16384):
+                activity[0] = self._loop.time()
                 if downstream and self.budget is not None:
                     room = self.budget - self.passed
                     data = data[: max(room, 0)]
                     self.passed += len(data)
+                    self.total += len(data)
                     if data:
                         writer.write(data)
                         await writer.drain()
@@ -163,6 +207,7 @@ class FaultProxy:
                 if downstream:
                     data = self._corrupt(data)
                     self.passed += len(data)
+                    self.total += len(data)
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
@@ -171,7 +216,14 @@ class FaultProxy:
             writer.transport.abort()
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self.keep_alive:
+            await self._serve_keep_alive(client_reader, client_writer)
+            return
         if self.budget is not None and self.passed >= self.budget:
+            # A stalled link swallows what is sent and answers nothing, until the stall is lifted.
+            while self.stall:
+                await asyncio.sleep(0.05)
             client_writer.transport.abort()
             return
         try:
@@ -180,13 +232,71 @@ class FaultProxy:
             client_writer.transport.abort()
             return
         self._writers.update((client_writer, server_writer))
+        activity = [self._loop.time()]
+        idle = self._loop.create_task(self._close_when_idle(activity, client_writer, server_writer))
         try:
             await asyncio.gather(
-                self._pipe(client_reader, server_writer, downstream=False),
-                self._pipe(server_reader, client_writer, downstream=True),
+                self._pipe(client_reader, server_writer, downstream=False, activity=activity),
+                self._pipe(server_reader, client_writer, downstream=True, activity=activity),
             )
         finally:
+            idle.cancel()
             self._writers.difference_update((client_writer, server_writer))
+
+    async def _serve_keep_alive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        activity = [self._loop.time()]
+        idle = self._loop.create_task(self._close_when_idle(activity, writer))
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                activity[0] = self._loop.time()
+                request_line, *lines = head.decode("latin-1").split("\r\n")
+                method, target, _version = request_line.split(" ", 2)
+                fields = [
+                    line for line in lines if line and not line.lower().startswith(("connection:", "keep-alive:"))
+                ]
+                length = next((int(f.split(":", 1)[1]) for f in fields if f.lower().startswith("content-length:")), 0)
+                body = await reader.readexactly(length)
+                # HTTP/1.0 upstream: the answer is never chunked and ends when the server closes.
+                upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+                forwarded = "\r\n".join([f"{method} {target} HTTP/1.0", *fields, "Connection: close", "", ""])
+                upstream_writer.write(forwarded.encode("latin-1") + body)
+                answer = await upstream_reader.read()
+                upstream_writer.close()
+                answer_head, _, answer_body = answer.partition(b"\r\n\r\n")
+                status_line, *answer_lines = answer_head.decode("latin-1").split("\r\n")
+                dropped: tuple[str, ...] = ("connection:", "keep-alive:", "transfer-encoding:")
+                if method != "HEAD":
+                    dropped += ("content-length:",)
+                kept = [line for line in answer_lines if not line.lower().startswith(dropped)]
+                if method != "HEAD":
+                    kept.append(f"Content-Length: {len(answer_body)}")
+                status = "HTTP/1.1 " + status_line.split(" ", 1)[1]
+                reply = "\r\n".join([status, *kept, "Connection: keep-alive", "", ""]).encode("latin-1")
+                self.total += len(answer_body)
+                writer.write(reply + (b"" if method == "HEAD" else answer_body))
+                await writer.drain()
+                activity[0] = self._loop.time()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            idle.cancel()
+            self._writers.discard(writer)
+            writer.transport.abort()
+
+    async def _close_when_idle(self, activity: list[float], *writers: asyncio.StreamWriter) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            if self.idle_close_s is not None and self._loop.time() - activity[0] > self.idle_close_s:
+                self.idle_closed += 1
+                # An orderly close (FIN), as a server ends a keep-alive connection it no longer wants.
+                for writer in writers:
+                    writer.close()
+                return
 
     @contextlib.contextmanager
     def running(self) -> Iterator[FaultProxy]:
@@ -208,6 +318,11 @@ class FaultProxy:
                 self.stall = False
                 server.close()
                 self._cut_all()
+                # Connection handlers still running end here, not with the loop closed under them.
+                handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in handlers:
+                    task.cancel()
+                await asyncio.gather(*handlers, return_exceptions=True)
 
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)

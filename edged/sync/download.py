@@ -50,6 +50,10 @@ async def fetch(
         # More bytes than the object has: not a prefix of it, whatever it is.
         start = 0
     transferred = 0
+    if start:
+        # A run killed between making a verified download read-only and renaming it left it so; without this, every
+        # later run would fail on opening it (root alone writes to a read-only file).
+        os.chmod(partial, 0o600)
     with open(partial, "r+b" if start else "wb") as out:
         out.truncate(start)
         out.seek(start)

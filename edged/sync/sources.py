@@ -281,7 +281,16 @@ def _s3_error(exc: Exception, where: str) -> SyncError:
     elif status and int(status[1]) in _S3_STATUS:
         problem = _S3_STATUS[int(status[1])]
     elif isinstance(exc, (ConnectionError, TimeoutError)) or any(
-        sign in full for sign in ("error sending request", "timed out", "Connection refused", "connection reset")
+        # "body error" with "TimedOut": a response body that stopped arriving (a stalled link mid-download).
+        sign in full
+        for sign in (
+            "error sending request",
+            "timed out",
+            "TimedOut",
+            "body error",
+            "Connection refused",
+            "connection reset",
+        )
     ):
         problem = SourceProblem.UNREACHABLE
     else:
