@@ -368,3 +368,47 @@ def test_a_device_on_a_channel_reports_its_status_to_the_fleet(bucket: Bucket, t
         assert device["device"] == "kiosk-7" and device["channel"] == "stable", device
         assert device["revision"] == source["good_revision"] and device["last_error"] is None, device
         assert device["models"]["add_sub"]["state"] == "READY", device
+
+
+def test_a_signed_repository_is_verified_and_a_tampered_file_refused(bucket: Bucket, tmp_path: Path) -> None:
+    local = tmp_path / "published"
+    write_repository(local)
+    keys = tmp_path / "keys"
+    assert edged("keygen", str(keys)).returncode == 0
+    root = tmp_path / "root.json"
+    first = edged(
+        "publish",
+        str(local),
+        bucket.url(),
+        "--key",
+        str(keys / "online.pem"),
+        "--root-key",
+        str(keys / "root.pem"),
+        "--root-out",
+        str(root),
+    )
+    assert first.returncode == 0, first.stderr
+    with run_server([bucket.url()], *sync_flags("--sync-trusted-root", str(root))) as server:
+        wait_until("the signed revision is committed", lambda: ready(server, "add_sub") and committed(server))
+        (source,) = status(server)["sources"]
+        assert source["signed"] is True and source["revision"] == "v1", source
+
+        # Bytes replaced in the bucket behind the metadata's back, with a new revision signed for another file.
+        (local / "add_sub" / "config.pbtxt").write_bytes(config_with_batch(tree_of(local), "add_sub", 4))
+        second = edged("publish", str(local), bucket.url(), "--key", str(keys / "online.pem"), "--root-out", str(root))
+        assert second.returncode == 0, second.stderr
+        signed = (local / "add_sub" / "config.pbtxt").read_bytes()
+        bucket.put("add_sub/config.pbtxt", signed.replace(b"max_batch_size: 4", b"max_batch_size: 6"))
+        (run,) = sync_now(server)
+        assert run["outcome"] == "failed" and run["problem"] == "verify_failed", run
+        assert max_batch_size(server, "add_sub") == 8  # v1 still serves, whole
+        assert "verification failed" in status(server)["sources"][0]["last_error"]
+
+        bucket.put("add_sub/config.pbtxt", signed)  # the signed bytes are back
+        (run,) = sync_now(server)
+        assert run["outcome"] == "updated" and run["revision"] == "v2", run
+        assert max_batch_size(server, "add_sub") == 4
+
+
+def tree_of(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*") if path.is_file()}
