@@ -1,76 +1,58 @@
-"""Over-the-air sync of a model repository from S3 or GCS into local snapshots (groundwork).
+"""Over-the-air sync of model repositories from S3 and GCS: local-first snapshots, verified, switched atomically,
+held on probation and rolled back model by model.
 
-What exists
+The modules
     sources.py    Triton's repository URLs (``s3://bucket/prefix``, ``s3://host:port/bucket/prefix``,
-                  ``s3://https://host:port/...``, ``gs://bucket/prefix``), credentials as Triton reads them (AWS_*,
-                  GOOGLE_APPLICATION_CREDENTIALS, STORAGE_EMULATOR_HOST, plus HTTPS_PROXY for S3), and a
-                  ``RemoteRepository`` that lists (path, size, digest) and reads one object from an offset.
-                  Failures are ``SyncError`` with a ``SourceProblem`` (unreachable, denied, not found, changed,
-                  refused, verification failed) so that an operator can tell a wrong key from a dead endpoint.
-    plan.py       Pure functions: ``key_problem`` (every component of a remote key must be a valid folder-entry
-                  name, the rule of edged.core.names: no ``..``, absolute path, NUL, backslash or control
-                  character), ``check_listing`` (refuses the whole listing on one bad key, drops folder markers),
-                  ``plan_delta`` (download / keep / remove, by digest and size), ``revision_of``.
-    download.py   ``fetch``: stages one object, appending to a partial file with a Range read from its end, then
-                  checks size and MD5 (when the store reports one) and records the sha256.
-    snapshots.py  ``SnapshotStore``: ``<state dir>/sync/<source id>/`` with ``snapshots/rNNNNNN`` (complete,
-                  read-only, with a manifest), ``current`` and ``previous`` links swapped by rename, staging,
-                  a lock, garbage collection, ``rollback``.
-    runner.py     ``sync_once(source, state_dir, verifier=None) -> SyncResult``: list, plan, download, verify, build,
-                  switch.
-    signed.py     ``TufVerifier``: a signed source's listing from The Update Framework's metadata in
-                  ``<prefix>/.edged/metadata/``, verified by python-tuf's ngclient against a root installed on the
-                  device; each file comes with the sha256 and length its download must have, and the revision is
-                  ``vN``, the Nth publish. Refusals are ``SourceProblem.UNTRUSTED`` naming the attack (another key,
-                  rollback, freeze with its date, mix and match, endless metadata, no metadata at all).
-    publish.py    ``edged keygen`` (root and online ed25519 keys) and ``edged publish``: validate a local repository,
-                  upload what changed, then sign targets, snapshot and timestamp (root on first publish or with
-                  ``--root-key``) with python-tuf's Metadata API, delete what the repository no longer has.
-    errors.py     ``SyncError`` and its ``SourceProblem``.
+                  ``s3://https://host:port/...``, ``gs://bucket/prefix``), credentials as Triton reads them, and a
+                  ``RemoteRepository`` that lists, reads from an offset, writes and deletes. Failures are
+                  ``SyncError`` with a ``SourceProblem`` an operator can act on (unreachable, denied, wrong region,
+                  not found, changed, refused, verification failed, untrusted, no space).
+    plan.py       Pure: which keys may become paths (``key_problem``: the folder-entry rule of edged.core.names),
+                  ``check_listing`` (one bad key refuses the revision), ``plan_delta`` (by digest and size).
+    download.py   ``fetch``: a resumable, verified download into staging (Range from the partial file's end; size,
+                  MD5 or signed sha256 checked before use).
+    transfer.py   The bandwidth cap (a token bucket shared by a run's downloads) and the progress it reports.
+    snapshots.py  ``SnapshotStore``: read-only, hard-linked snapshots under ``<state dir>/sync/<source id>/`` with
+                  ``current``, ``previous`` and ``good`` links replaced by rename; mixed snapshots for rollbacks.
+    runner.py     ``sync_once``: list (or verify the signed metadata), plan, check free space, download, build,
+                  switch; a revision held back (it failed a probation) is not taken again.
+    signed.py     ``TufVerifier``: the listing from The Update Framework's metadata in ``<prefix>/.edged/metadata/``,
+                  verified by python-tuf's ngclient against a root installed on the device.
+    publish.py    ``edged keygen`` and ``edged publish`` (python-tuf's Metadata API).
+    probation.py  After a switch: reload the changed models, watch them (ready, no dead process, error rate),
+                  report the ones that failed.
+    agent.py      The daemon's loop per source (interval with jitter, backoff after failures), rollback of the
+                  models that failed their probation, the history, the metrics, the fleet report and the API.
+    fleet.py      Channels, the device status objects under ``<repository>/.edged/devices/``, ``edged fleet status``.
+    paths.py      Where a remote repository lives on the device (what the configuration needs, without I/O).
 
 Decisions
     - Clients: obstore for S3 (async, Rust, one 16 MB wheel with no Python dependencies, Range reads, conditional
       reads on the ETag, AWS_* variables); gcloud-aio-storage for GCS (async, JSON API, honours
-      STORAGE_EMULATOR_HOST and service-account files; about 38 MB with aiohttp and cryptography, which edged did
-      not have). obstore also speaks GCS, but through the XML API, which the GCS emulator does not serve (listing
-      answers 501, reads lack Last-Modified), so GCS through obstore could not be tested against a real endpoint.
-      Together 53 MB installed, against 75 MB for boto3 with google-cloud-storage (both blocking), 73 MB for
-      aiobotocore with gcloud-aio-storage, and 114 MB for s3fs with gcsfs. Both sit in the ``sync`` extra: a
-      device without remote repositories installs neither.
-    - Change is decided by digest (MD5 where the store reports one, else ETag or GCS generation) and size, never
-      by modification time.
+      STORAGE_EMULATOR_HOST and service-account files; about 38 MB with aiohttp and cryptography). obstore also
+      speaks GCS, but through the XML API, which the GCS emulator does not serve, so GCS through obstore could not
+      be tested against a real endpoint. Together 53 MB installed, against 75 MB for boto3 with
+      google-cloud-storage (both blocking), 73 MB for aiobotocore with gcloud-aio-storage, and 114 MB for s3fs
+      with gcsfs. Signing adds python-tuf and securesystemslib (about 4.9 MB with urllib3). All sit in the
+      ``sync`` extra: a device without remote repositories installs none of it.
+    - Change is decided by digest (MD5, ETag or GCS generation; the signed sha256) and size, never by time.
     - One refused key refuses the whole revision: a repository is served complete or not at all.
     - A snapshot is never changed after it is built; unchanged files are hard links to the previous snapshot's,
       so a new revision costs the disk space of what changed. Files are read-only for that reason.
-    - Staged downloads are named by (path, size, digest): a changed object never resumes an older one's bytes.
-    - The remote is read with no lock held on anything the server uses: the current snapshot keeps serving
-      whatever the network does.
+    - The server reads ``<source>/current/repo``: a switch replaces one link, the path never changes, and the
+      controller reloads only the models whose folders changed. A device that never synced starts on an empty
+      snapshot; a bucket that cannot be reached leaves the last one serving.
+    - A source with a trusted root (``--sync-trusted-root``) takes signed revisions only; without one, a bucket is
+      synced by object digests, as Triton would read it, and the status says it is unsigned.
+    - A failed probation rolls back the models that failed, not the revision: the others keep their new files
+      (a mixed snapshot of hard links), and the remote revision is marked bad in the state database.
 
-    - Signed sources: python-tuf 7.0.1 with securesystemslib's crypto extra (ngclient on the device, the Metadata
-      API for publishing; about 4.9 MB installed with urllib3, which ngclient imports; cryptography comes with
-      gcloud-aio-storage). Target paths are the keys themselves, so a signed bucket is still a plain Triton
-      repository; consistent snapshots apply to metadata only. A local file whose sha256 equals a signed one is
-      kept, so signing an unsigned source or re-signing downloads nothing again. A source without a verifier is
-      synced by object digests, which the operator must allow.
-
-Next steps
-    - Signed sources, known gaps: a device syncing while a publish uploads its files may see them fail the
-      sha256 check until the publish's timestamp lands (the next run succeeds; hash-prefixed target objects would
-      close that, at the cost of the plain layout); rotating the root key itself (not the online key) is not
-      supported by ``edged publish``; an upload reads each file whole into memory; delegated targets are refused.
-    - Probation and automatic rollback: after ``switch``, reload only the changed models, run warm-up, watch them,
-      then commit last-known-good in the state store; ``SnapshotStore.rollback`` is the mechanism.
-    - Wiring: ``--model-repository s3://...`` resolves to ``current/repo`` at start (local-first: the last snapshot
-      serves when the remote is unreachable), a periodic loop with jitter and backoff, ``edged sync
-      status|now|pause|resume``, sync runs in the history API, Prometheus metrics (runs, failures, bytes, rate,
-      last success, revision), a rate cap and a free-disk check before downloading, parallel downloads.
-    - Credentials: TRITON_CLOUD_CREDENTIAL_PATH per-path credentials, systemd ``$CREDENTIALS_DIRECTORY``, web
-      identity and instance-metadata credentials (obstore supports them through its config keys).
-    - Fleet status objects written back to the bucket, and ``edged fleet status``.
-    - Known gaps of this slice: a GCS read is not conditional on the listed generation (the MD5 check catches a
-      replaced object, not one without an MD5), a stalled GCS body is bounded only by aiohttp's defaults, a partial
-      download of an object without an MD5 is trusted by size until TUF gives its sha256, and HTTPS_PROXY is passed
-      to the S3 client only.
+Known gaps
+    - A device syncing while a publish uploads its files may see them fail the sha256 check until the publish's
+      timestamp lands (the next run succeeds); rotating the root key itself is not supported by ``edged publish``;
+      delegated targets are refused.
+    - A model's sequences are waited for after the switch, before its reload: a Python model instance restarted
+      in that window reads the new files.
 """
 
 from __future__ import annotations
