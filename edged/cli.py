@@ -64,17 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(DeviceInventory.discover().describe())
         return 0
     if args.command == "check-repo":
-        import logging
-
-        from edged.backends import BackendRegistry
-        from edged.core.repository.manager import check_repositories
-
-        # The problems are the output; the loaders' own log lines would only repeat them.
-        logging.disable(logging.CRITICAL)
-
-        problems = check_repositories(
-            list(args.repository), BackendRegistry({}), auto_complete=not args.disable_auto_complete_config
-        )
+        problems = _check_offline(list(args.repository), auto_complete=not args.disable_auto_complete_config)
         for problem in problems:
             print(problem)
         return 1 if problems else 0
@@ -353,7 +343,29 @@ def _publish(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"edged: {error}", file=sys.stderr)
         return 1
-    return publish_command(args.repository, args.url, args.key, args.root_key, expires, root_expires, args.root_out)
+    return publish_command(
+        args.repository, args.url, args.key, args.root_key, expires, root_expires, args.root_out, _check_one
+    )
+
+
+def _check_one(repository: Path) -> list[str]:
+    return _check_offline([repository])
+
+
+def _check_offline(repositories: list[Path], *, auto_complete: bool = True) -> list[str]:
+    """Every problem that would keep a model of ``repositories`` from loading: what ``edged check-repo`` prints."""
+    import logging
+
+    from edged.backends import BackendRegistry
+    from edged.core.repository.manager import check_repositories
+
+    # The problems are the output; the loaders' own log lines would only repeat them.
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        return check_repositories(repositories, BackendRegistry({}), auto_complete=auto_complete)
+    finally:
+        logging.disable(previous)
 
 
 def _state_dir(args: argparse.Namespace) -> Path:

@@ -21,7 +21,6 @@ from edged.core.access import (
 )
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
-from edged.sync.paths import local_repository
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +123,9 @@ class Settings:
         state = Path(state_dir).resolve() if state_dir is not None else default_state_dir(environ)
         remote = tuple(url for url in given if is_remote(url))
         repositories: list[Path] = []
+        if remote:
+            # Only for remote repositories: a device that syncs nothing loads nothing of the sync.
+            from edged.sync.paths import local_repository
         for repository in given:
             if is_remote(repository):
                 repositories.append(local_repository(state, repository, values["sync_channel"]))

@@ -25,3 +25,20 @@ class SyncControl(Protocol):
     async def history(self, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
         """A page of sync runs, newest first, and how many there are."""
         ...
+
+
+class SyncObserver(Protocol):
+    """Told what repository sync does, for its metrics: the metrics endpoint implements it, the daemon hands it to
+    the sync (which serves nothing itself)."""
+
+    def run(self, source: str, outcome: str, problem: str | None, transferred: int, seconds: float) -> None:
+        """A run ended: ``outcome`` updated, unchanged, held-back or failed (``problem`` says why)."""
+        ...
+
+    def revision(self, source: str, revision: str) -> None:
+        """``source`` serves ``revision`` now."""
+        ...
+
+    def rollback(self, source: str, model: str) -> None:
+        """``model`` failed its probation and was rolled back."""
+        ...

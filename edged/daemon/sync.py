@@ -41,6 +41,7 @@ def build_sync(
     registry: CollectorRegistry,
 ) -> RepositorySync:
     # Imported only when a repository is remote: a device that syncs nothing loads none of it.
+    from edged.frontends.metrics.sync import SyncMetrics
     from edged.sync.agent import RepositorySync, SyncSettings
     from edged.sync.errors import SyncError
     from edged.sync.probation import ProbationLimits
@@ -69,7 +70,7 @@ def build_sync(
             controller,
             manager,
             store,
-            registry,
+            SyncMetrics(registry),
             os.environ,
         )
     except SyncError as exc:

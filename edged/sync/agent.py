@@ -20,8 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from prometheus_client import Counter, Gauge
-
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.fleet import channel_url
 from edged.sync.paths import source_id
@@ -32,10 +30,9 @@ from edged.sync.sources import ClientOptions, RemoteRepository, open_repository
 from edged.sync.transfer import Progress
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import ModelRepositoryManager
+    from edged.core.sync_control import SyncObserver
     from edged.state.store import StateStore, SyncRunRecord
 
 log = logging.getLogger("edged.sync")
@@ -60,41 +57,6 @@ class SyncSettings:
     client: ClientOptions = field(default_factory=ClientOptions)
 
 
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.runs = Counter(
-            "edged_sync_runs", "Repository sync runs, by outcome", ["source", "outcome"], registry=registry
-        )
-        self.failures = Counter(
-            "edged_sync_failures", "Failed repository sync runs, by problem", ["source", "problem"], registry=registry
-        )
-        self.bytes = Counter("edged_sync_bytes", "Bytes downloaded by repository sync", ["source"], registry=registry)
-        self.rate = Gauge(
-            "edged_sync_download_rate_bytes",
-            "Download rate of the latest sync run that downloaded, in bytes a second",
-            ["source"],
-            registry=registry,
-        )
-        self.last_success = Gauge(
-            "edged_sync_last_success_timestamp_seconds",
-            "When a sync run last succeeded (seconds since the epoch)",
-            ["source"],
-            registry=registry,
-        )
-        self.revision = Gauge(
-            "edged_sync_revision_info",
-            "The revision each source serves (value 1)",
-            ["source", "revision"],
-            registry=registry,
-        )
-        self.rollbacks = Counter(
-            "edged_sync_rollbacks",
-            "Models rolled back after a failed probation",
-            ["source", "model"],
-            registry=registry,
-        )
-
-
 @dataclass
 class _Source:
     url: str
@@ -115,7 +77,6 @@ class _Source:
     held_back: frozenset[str] = frozenset()
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    shown_revision: str | None = None
 
 
 class RepositorySync:
@@ -129,7 +90,7 @@ class RepositorySync:
         controller: ModelController,
         manager: ModelRepositoryManager,
         store: StateStore | None,
-        registry: CollectorRegistry,
+        observer: SyncObserver,
         env: Mapping[str, str],
     ) -> None:
         """Opens a client for each repository (SyncError when a URL is wrong or its client is not installed) and
@@ -138,7 +99,7 @@ class RepositorySync:
         self._controller = controller
         self._manager = manager
         self._state = store
-        self._metrics = _Metrics(registry)
+        self._observer = observer
         self._paused = False
         self._tasks: list[asyncio.Task[None]] = []
         self._probations: set[asyncio.Task[None]] = set()
@@ -266,8 +227,7 @@ class RepositorySync:
         source.failures += 1
         source.last_error = str(error)
         log.error("sync of %s failed (%s); the current revision keeps serving", source.url, error)
-        self._metrics.runs.labels(source.url, "failed").inc()
-        self._metrics.failures.labels(source.url, error.problem.name.lower()).inc()
+        self._observer.run(source.url, "failed", error.problem.name.lower(), 0, seconds)
         current = source.store.current()
         revision = current.revision if current is not None else None
         return await self._record(
@@ -277,22 +237,17 @@ class RepositorySync:
     async def _succeeded(self, source: _Source, result: SyncResult) -> SyncRunRecord:
         source.failures, source.last_error, source.signed = 0, None, result.signed
         source.last_success = datetime.now(UTC)
-        self._metrics.last_success.labels(source.url).set(time.time())
-        if result.bytes_transferred:
-            self._metrics.bytes.labels(source.url).inc(result.bytes_transferred)
-            self._metrics.rate.labels(source.url).set(result.bytes_transferred / max(result.seconds, 1e-6))
+        outcome = "held-back" if result.held_back is not None else "updated" if result.changed else "unchanged"
+        self._observer.run(source.url, outcome, None, result.bytes_transferred, result.seconds)
         if result.held_back is not None:
-            self._metrics.runs.labels(source.url, "held-back").inc()
             message = f"revision {result.held_back} failed its probation before; waiting for a newer one"
             return await self._record(
                 source, "held-back", result.held_back, result.revision, 0, 0, None, message, result.seconds
             )
         if not result.changed:
-            self._metrics.runs.labels(source.url, "unchanged").inc()
             return await self._record(
                 source, "unchanged", result.revision, result.revision, 0, 0, None, "", result.seconds
             )
-        self._metrics.runs.labels(source.url, "updated").inc()
         files = len(result.downloaded) + len(result.removed)
         message = (
             f"{len(result.downloaded)} files downloaded, {len(result.linked)} unchanged, {len(result.removed)} removed"
@@ -377,7 +332,7 @@ class RepositorySync:
             source.store.mark_good(mixed)
             source.store.collect_garbage()
         for name in failed:
-            self._metrics.rollbacks.labels(source.url, name).inc()
+            self._observer.rollback(source.url, name)
         log.error(
             "revision %s of %s failed its probation (%s): rolling %s back to revision %s",
             revision,
@@ -466,12 +421,7 @@ class RepositorySync:
 
     def _show_revision(self, source: _Source) -> None:
         current = source.store.current()
-        revision = current.revision if current is not None else ""
-        if source.shown_revision is not None and source.shown_revision != revision:
-            with contextlib.suppress(KeyError):
-                self._metrics.revision.remove(source.url, source.shown_revision)
-        self._metrics.revision.labels(source.url, revision).set(1)
-        source.shown_revision = revision
+        self._observer.revision(source.url, current.revision if current is not None else "")
 
     # --- JSON -------------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import asyncio
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -95,22 +95,6 @@ def load_key(path: Path) -> CryptoSigner:
         raise PublishError(f"{path}: not a usable private key ({exc})") from exc
 
 
-def check_local(local: Path) -> list[str]:
-    """Every problem that would keep a model of ``local`` from loading (edged check-repo's offline validator)."""
-    import logging
-
-    from edged.backends import BackendRegistry
-    from edged.core.repository.manager import check_repositories
-
-    # The problems are returned; the loaders' own log lines would only repeat them.
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        return check_repositories([local], BackendRegistry({}), auto_complete=True)
-    finally:
-        logging.disable(previous)
-
-
 def local_files(local: Path) -> dict[str, Path]:
     """The repository's files by key; refuses what devices would refuse (plan.key_problem) and links."""
     files: dict[str, Path] = {}
@@ -139,7 +123,7 @@ async def publish(
     expires: datetime | None = None,
     root_expires: datetime | None = None,
     root_out: Path,
-    check: bool = True,
+    check: Callable[[Path], list[str]] | None = None,
 ) -> Published:
     """Sign ``local`` and upload it to ``remote`` (see the module's docstring). ``expires``: of targets, snapshot
     and timestamp (default 30 days); ``root_expires``: of a root signed now (default 365 days)."""
@@ -147,8 +131,9 @@ async def publish(
 
     now = datetime.now(UTC).replace(microsecond=0)
     expires = expires or now + DEFAULT_EXPIRES
-    if check:
-        problems = await asyncio.to_thread(check_local, local)
+    if check is not None:
+        # The offline validator of ``edged check-repo``, given by the caller: publishing knows no backend.
+        problems = await asyncio.to_thread(check, local)
         if problems:
             raise PublishError(f"{local} does not validate:\n  " + "\n  ".join(problems))
     files = local_files(local)
@@ -319,6 +304,7 @@ def publish_command(
     expires: datetime | None,
     root_expires: datetime | None,
     root_out: Path | None,
+    check: Callable[[Path], list[str]] | None = None,
 ) -> int:
     """``edged publish LOCAL_REPO URL --key ONLINE_KEY ...``: credentials from the environment, as for sync."""
     from edged.sync.sources import open_repository
@@ -336,6 +322,7 @@ def publish_command(
                 expires=expires,
                 root_expires=root_expires,
                 root_out=written,
+                check=check,
             )
         finally:
             await remote.close()

@@ -202,7 +202,12 @@ def test_resolve_raises_instead_of_exiting(tmp_path: Path) -> None:
 
 def test_the_settings_fields_are_the_options() -> None:
     """One field per option, of the same name, unless the option is derived into another (settings.DERIVED)."""
-    fields = {item.name for item in dataclasses.fields(Settings)} - {"config_file", "default_max_batch_size"}
+    # remote_repositories: the s3:// and gs:// values of model_repository, whose local mirrors it lists.
+    fields = {item.name for item in dataclasses.fields(Settings)} - {
+        "config_file",
+        "default_max_batch_size",
+        "remote_repositories",
+    }
     assert fields == {DERIVED.get(option.key, option.key) for option in OPTIONS}
 
 
@@ -224,6 +229,9 @@ def test_every_option_reaches_the_settings(tmp_path: Path) -> None:
         "grpc_restricted_protocol": ["logging:k=v"],
         "guarded_apis": "none",
         "client_certificate_role": ["camera=viewer"],
+        "sync_max_rate": "2M",
+        "sync_channel": "canary",
+        "device_id": "kiosk-1",
     }
     for option in OPTIONS:
         value = changed.get(option.key)
@@ -233,6 +241,27 @@ def test_every_option_reaches_the_settings(tmp_path: Path) -> None:
             value = not option.default if option.kind == "bool" else f"{option.default}-x"
         values = {o.key: o.default_value() for o in OPTIONS} | {"model_repository": [repo], option.key: value}
         assert Settings.from_options(values, {}) != base, option.key
+
+
+def test_a_remote_repository_is_served_from_its_mirror(tmp_path: Path) -> None:
+    [repo] = _repos(tmp_path, "repo")
+    values = {option.key: option.default_value() for option in OPTIONS} | {
+        "model_repository": ["s3://127.0.0.1:9000/bucket/models", repo],
+        "state_dir": tmp_path / "state",
+        "sync_channel": "canary",
+        "sync_max_rate": "1.5M",
+    }
+    settings = Settings.from_options(values, {})
+    assert settings.remote_repositories == ("s3://127.0.0.1:9000/bucket/models",)
+    mirror, local = settings.model_repositories
+    assert local == repo.resolve()
+    assert mirror.parent.parent.parent == tmp_path / "state" / "sync" and mirror.parts[-2:] == ("current", "repo")
+    assert settings.sync_max_rate == 1_500_000 and settings.device_id
+    for bad, problem in (("s3://", "names no bucket"), ("ftp://x/y", "not a readable directory")):
+        done = _run(["config", "--model-repository", bad], tmp_path)
+        assert done.returncode != 0 and problem in done.stderr, done.stderr
+    done = _run(["config", "--model-repository", str(repo), "--sync-channel", "../up"], tmp_path)
+    assert done.returncode != 0 and "channel" in done.stderr, done.stderr
 
 
 # --- errors: one line, exit status 1 ------------------------------------------------------------------------

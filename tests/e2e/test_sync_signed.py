@@ -121,7 +121,7 @@ class Signed:
                     root_key=self.keys / "root.pem" if root_key else None,
                     expires=expires,
                     root_out=self.root_json,
-                    check=False,
+                    check=None,
                 )
             finally:
                 await remote.close()
@@ -329,7 +329,7 @@ def test_publish_from_the_command_line(moto_port: int, tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            check=False,
+            check=None,
         )
 
     made = edged("keygen", str(tmp_path / "keys"))
