@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from edged.core.repository.manager import VersionHealth
+
 if TYPE_CHECKING:
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import ModelHealth, ModelRepositoryManager
@@ -58,6 +60,8 @@ async def apply(
 ) -> dict[str, str]:
     """Reload ``names`` and hold their probation; returns the models that failed, with why (empty: all passed)."""
     await wait_for_sequences(manager, names, limits.sequence_wait_s)
+    # Read before the reload: what a new version does from its first moment counts, a crash included.
+    baseline = {name: manager.health(name) for name in names}
     outcomes = await controller.refresh(names)
     failed = {name: f"did not load: {reason}" for name, reason in outcomes.items() if reason is not None}
     # Models the revision removed were unloaded (no longer wanted): nothing of theirs to watch.
@@ -68,13 +72,14 @@ async def apply(
             watched.append(name)
     if watched:
         log.info("probation of %s for %.0f s", ", ".join(watched), limits.window_s)
-        failed |= await watch(manager, watched, limits)
+        failed |= await watch(manager, watched, limits, baseline)
     return failed
 
 
-async def watch(manager: ModelRepositoryManager, names: list[str], limits: ProbationLimits) -> dict[str, str]:
-    """Watch ``names`` for ``limits.window_s``; returns the ones that failed, with why."""
-    baseline = {name: manager.health(name) for name in names}
+async def watch(
+    manager: ModelRepositoryManager, names: list[str], limits: ProbationLimits, baseline: dict[str, ModelHealth]
+) -> dict[str, str]:
+    """Watch ``names`` for ``limits.window_s``, against their ``baseline``; returns the ones that failed, with why."""
     failed: dict[str, str] = {}
     deadline = time.monotonic() + limits.window_s
     while True:
@@ -90,14 +95,19 @@ async def watch(manager: ModelRepositoryManager, names: list[str], limits: Proba
 
 
 def _problem(before: ModelHealth, now: ModelHealth, limits: ProbationLimits) -> str | None:
+    zero = VersionHealth(0, 0, 0)
+    crashes = failed = succeeded = 0
+    for key, counts in now.versions.items():
+        then = before.versions.get(key, zero)
+        crashes += counts.crashes - then.crashes
+        failed += counts.failed - then.failed
+        succeeded += counts.succeeded - then.succeeded
     # Crashes first: a process that died also leaves the model not ready while it restarts.
-    crashes = now.crashes - before.crashes
     if crashes > 0:
         return f"{crashes} instance process(es) died"
     if not now.ready:
         return "it is not ready"
-    failed = now.failed - before.failed
-    total = failed + now.succeeded - before.succeeded
+    total = failed + succeeded
     if total >= limits.min_requests and failed > limits.max_error_rate * total:
         return f"{failed} of {total} requests failed (more than {limits.max_error_rate:.0%})"
     return None

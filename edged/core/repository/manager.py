@@ -89,15 +89,23 @@ class ModelEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelHealth:
-    """How a model is doing, summed over its READY versions: what a probation after an update watches.
-    ``succeeded``, ``failed`` and ``crashes`` only grow, so a watcher compares two readings."""
+class VersionHealth:
+    """One loaded version's counts since it loaded; they only grow."""
 
-    ready: bool
     succeeded: int
     failed: int
     crashes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHealth:
+    """How a model is doing: what a probation after an update watches. ``versions`` holds the counts of each READY
+    version, keyed by the loaded version's identity, so that a watcher compares a version with itself and counts a
+    version loaded since its first look from zero."""
+
+    ready: bool
     live_sequences: int
+    versions: dict[int, VersionHealth]
 
 
 class VersionsUnavailable(Exception):
@@ -377,19 +385,22 @@ class ModelRepositoryManager:
         entry = self._models.get(name)
         versions = [v for v in entry.versions.values() if v.state is ModelState.READY] if entry is not None else []
         ready = bool(versions) and entry is not None and entry.state is ModelState.READY
-        succeeded = failed = crashes = live = 0
+        live = 0
+        counts: dict[int, VersionHealth] = {}
         for version in versions:
-            if version.stats is not None:
-                succeeded += version.stats.success.count
-                failed += version.stats.fail.count
+            crashes = 0
             model = version.backend_model
             if model is not None:
                 is_ready = getattr(model, "is_ready", None)
                 ready = ready and (is_ready is None or bool(is_ready()))
                 crash_count = getattr(model, "crash_count", None)
-                crashes += int(crash_count()) if crash_count is not None else 0
+                crashes = int(crash_count()) if crash_count is not None else 0
+            stats = version.stats
+            counts[id(version)] = VersionHealth(
+                stats.success.count if stats is not None else 0, stats.fail.count if stats is not None else 0, crashes
+            )
             live += int(getattr(version.scheduler, "live_sequences", 0))
-        return ModelHealth(ready, succeeded, failed, crashes, live)
+        return ModelHealth(ready, live, counts)
 
     def ready_versions(self, name: str) -> list[int]:
         entry = self._models.get(name)
