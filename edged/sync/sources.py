@@ -3,29 +3,51 @@ repository, read one object from an offset).
 
 S3 (and S3-compatible endpoints) go through obstore, GCS through gcloud-aio-storage's JSON API client; both are
 async and both are imported only when a source of their kind is opened, so a device that syncs nothing does not load
-them. Credentials are read from the environment the way Triton reads them, from a mapping the caller passes (the
-process environment by default) so that nothing here depends on who else set what.
+them. Credentials are found by edged.sync.credentials (Triton's variables and credential file, systemd's credentials)
+in a mapping the caller passes (the process environment by default).
+
+The environment also gives the network path: ``HTTPS_PROXY`` for https:// endpoints, ``HTTP_PROXY`` for http://
+ones (``ALL_PROXY`` for both, lower-case names too) unless ``NO_PROXY`` names the host, as curl decides; an S3
+endpoint from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` when the URL names none; a GCS emulator or private
+endpoint from ``STORAGE_EMULATOR_HOST`` (anonymous, unless credentials for the URL are configured).
+
+obstore reads the process environment's ``AWS_*`` variables as well: everything decided here is passed explicitly
+so that it wins, and static keys go through a credential provider, which no variable overrides.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime
 import importlib.util
+import io
+import ipaddress
+import json
 import os
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from edged.sync.credentials import (
+    GCSCredentials,
+    S3Credentials,
+    gcs_credentials,
+    s3_credentials,
+    with_systemd_credentials,
+)
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import RemoteEntry
 
 if TYPE_CHECKING:
+    import aiohttp
     from gcloud.aio.storage import Storage
     from obstore.store import S3Store
 
+GCS_API_ROOT: Final = "https://storage.googleapis.com"
 # Read in pieces of this size: what a cut link loses is at most one piece, since each is on disk before the next.
 CHUNK_BYTES: Final = 256 << 10
 # Seconds; a device on a slow link needs long reads, a dead endpoint must still be noticed.
@@ -110,12 +132,48 @@ def open_repository(
     """A client for the repository at ``url`` with credentials from ``env`` (the process environment if None)."""
     options = options or ClientOptions()
     source = parse_repository_url(url)
-    environ = os.environ if env is None else env
+    environ = with_systemd_credentials(os.environ if env is None else env)
     if source.scheme == "s3":
         _require("obstore", url)
-        return S3Repository(source, environ, options)
+        return S3Repository(source, environ, options, s3_credentials(url, environ))
     _require("gcloud.aio.storage", url)
-    return GCSRepository(source, environ, options)
+    return GCSRepository(source, environ, options, gcs_credentials(url, environ))
+
+
+def proxy_for(endpoint: str, env: Mapping[str, str]) -> str | None:
+    """The proxy for requests to ``endpoint`` (a URL), as curl picks one from the environment."""
+    parts = urllib.parse.urlsplit(endpoint)
+    if _bypasses_proxy(parts.hostname or "", env.get("NO_PROXY") or env.get("no_proxy") or ""):
+        return None
+    scheme = "HTTPS" if parts.scheme == "https" else "HTTP"
+    for name in (f"{scheme}_PROXY", f"{scheme.lower()}_proxy", "ALL_PROXY", "all_proxy"):
+        if env.get(name):
+            proxy = env[name]
+            # curl's habit: a proxy without a scheme is an HTTP proxy.
+            return proxy if "://" in proxy else f"http://{proxy}"
+    return None
+
+
+def _bypasses_proxy(host: str, no_proxy: str) -> bool:
+    """curl's NO_PROXY: ``*``, a host name and its subdomains (a leading dot or not), an address, a CIDR block."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        address = None
+    for entry in (item.strip().lower() for item in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        if address is not None:
+            with contextlib.suppress(ValueError):
+                if address in ipaddress.ip_network(entry.strip("[]"), strict=False):
+                    return True
+            continue
+        name = entry.lstrip(".")
+        if host.lower() == name or host.lower().endswith("." + name):
+            return True
+    return False
 
 
 def _require(module: str, url: str) -> None:
@@ -140,38 +198,59 @@ def _relative(key: str, prefix: str) -> str | None:
 class S3Repository:
     """An S3 or S3-compatible repository, through obstore."""
 
-    def __init__(self, source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> None:
+    def __init__(
+        self, source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials
+    ) -> None:
         self._source = source
-        self._store = self._make_store(source, env, options)
+        self._store = self._make_store(source, env, options, credentials)
 
     @property
     def url(self) -> str:
         return str(self._source)
 
     @staticmethod
-    def _make_store(source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> S3Store:
+    def _make_store(
+        source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials
+    ) -> S3Store:
         from obstore.store import S3Store
 
-        config: dict[str, Any] = {
-            "region": env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or "us-east-1",
-        }
-        for variable, key in (
-            ("AWS_ACCESS_KEY_ID", "access_key_id"),
-            ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
-            ("AWS_SESSION_TOKEN", "session_token"),
-        ):
-            if env.get(variable):
-                config[key] = env[variable]
-        if source.endpoint:
+        region = credentials.region or "us-east-1"
+        config: dict[str, Any] = {"region": region, "default_region": region}
+        provider = None
+        if credentials.key_id:
+            static = {
+                "access_key_id": credentials.key_id,
+                "secret_access_key": credentials.secret_key,
+                "token": credentials.session_token,
+                "expires_at": None,
+            }
+
+            def provider() -> dict[str, Any]:
+                return static
+
+        else:
+            # Temporary credentials: obstore fetches them and refreshes them before they expire.
+            for key, variables in _S3_TEMPORARY.items():
+                found = next((name for name in variables if env.get(name)), None)
+                if found:
+                    config[key] = _checked_url(env[found], found) if key in _S3_URLS else env[found]
+        endpoint = source.endpoint
+        for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if not endpoint and env.get(variable):
+                endpoint = _checked_url(env[variable], variable)
+        if endpoint:
+            # Both keys: obstore prefers aws_endpoint_url_s3, which the process environment may set otherwise.
+            config["endpoint"] = config["aws_endpoint_url_s3"] = endpoint
             # S3-compatible servers (MinIO, Ceph, ...) are addressed by path; few serve virtual-hosted buckets.
-            config["endpoint"] = source.endpoint
-            config["virtual_hosted_style_request"] = False
+            config["virtual_hosted_style_request"] = (
+                source.endpoint is None and env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() == "true"
+            )
         client: dict[str, Any] = {
-            "allow_http": bool(source.endpoint and source.endpoint.startswith("http://")),
+            "allow_http": bool(endpoint and endpoint.startswith("http://")),
             "connect_timeout": datetime.timedelta(seconds=options.connect_timeout_s),
             "timeout": datetime.timedelta(seconds=options.read_timeout_s),
         }
-        proxy = env.get("HTTPS_PROXY") or env.get("https_proxy")
+        proxy = proxy_for(endpoint or f"https://s3.{region}.amazonaws.com", env)
         if proxy:
             client["proxy_url"] = proxy
         # obstore's own retries are kept short: the sync loop retries whole runs, and a run resumes its downloads.
@@ -182,6 +261,7 @@ class S3Repository:
             config=config,  # type: ignore[arg-type]
             client_options=client,  # type: ignore[arg-type]
             retry_config=retry,  # type: ignore[arg-type]
+            credential_provider=provider,  # type: ignore[arg-type]
         )
 
     async def list(self) -> list[RemoteEntry]:
@@ -223,6 +303,32 @@ class S3Repository:
 
     async def close(self) -> None:
         """obstore's client holds no connection that needs closing."""
+
+
+# The variables of temporary credentials, by obstore's config key: web identity (EKS, GitHub OIDC, ...), ECS and EKS
+# container credentials, EC2 instance metadata. Without static keys obstore tries them in this order.
+# The AWS SDKs' names come first where obstore reads another one.
+_S3_TEMPORARY: Final = {
+    "web_identity_token_file": ("AWS_WEB_IDENTITY_TOKEN_FILE",),
+    "role_arn": ("AWS_ROLE_ARN",),
+    "role_session_name": ("AWS_ROLE_SESSION_NAME",),
+    "aws_endpoint_url_sts": ("AWS_ENDPOINT_URL_STS", "AWS_STS_ENDPOINT"),
+    "container_credentials_relative_uri": ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",),
+    "container_credentials_full_uri": ("AWS_CONTAINER_CREDENTIALS_FULL_URI",),
+    "container_authorization_token_file": ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",),
+    "metadata_endpoint": ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "AWS_METADATA_ENDPOINT"),
+    "imdsv1_fallback": ("AWS_IMDSV1_FALLBACK",),
+}
+
+# These are URLs: obstore panics on some malformed ones rather than failing, so they are checked first.
+_S3_URLS: Final = frozenset({"aws_endpoint_url_sts", "container_credentials_full_uri", "metadata_endpoint"})
+
+
+def _checked_url(value: str, variable: str) -> str:
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SyncError(SourceProblem.BAD_URL, f"{variable} '{value}' is not an http:// or https:// URL")
+    return value
 
 
 # S3's error codes (the <Code> of its XML error body) by what an operator has to fix.
@@ -280,29 +386,59 @@ def _s3_error(exc: Exception, where: str) -> SyncError:
 class GCSRepository:
     """A GCS repository, through the JSON API (which the GCS emulators speak too)."""
 
-    def __init__(self, source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> None:
+    def __init__(
+        self, source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: GCSCredentials
+    ) -> None:
         self._source = source
-        # gcloud-aio takes whole seconds.
-        self._timeout = max(1, round(options.read_timeout_s))
+        self._options = options
         emulator = env.get("STORAGE_EMULATOR_HOST")
         if emulator and "://" not in emulator:
             emulator = f"http://{emulator}"
-        self._api_root = emulator or None
-        self._service_file = env.get("GOOGLE_APPLICATION_CREDENTIALS") or None
+        # Always explicit: gcloud-aio would read STORAGE_EMULATOR_HOST from the process environment otherwise.
+        self._api_root = emulator or GCS_API_ROOT
+        self._credentials = credentials
+        # An emulator takes anonymous requests; a private endpoint named the same way wants tokens.
+        self._anonymous = bool(emulator) and not (credentials.service_file or credentials.service_info)
+        self._proxy = proxy_for(self._api_root, env)
         self._storage: Storage | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
         return str(self._source)
 
+    @property
+    def _timeout(self) -> Any:
+        """Per request: connecting, and each read of the body, so that a stalled link ends the request."""
+        import aiohttp
+
+        return aiohttp.ClientTimeout(
+            total=None,
+            connect=self._options.connect_timeout_s,
+            sock_connect=self._options.connect_timeout_s,
+            sock_read=self._options.read_timeout_s,
+        )
+
     def _client(self) -> Storage:
         # Built on first use: the client opens an aiohttp session, which belongs to the running event loop.
         if self._storage is None:
+            import aiohttp
             from gcloud.aio.storage import Storage
 
-            self._storage = Storage(
-                service_file=self._service_file, api_root=self._api_root, api_is_dev=bool(self._api_root)
-            )
+            # Token requests share the session, and so its proxy.
+            session: Any = aiohttp.ClientSession(proxy=self._proxy, timeout=self._timeout)
+            self._session = session
+            info = self._credentials.service_info
+            service: Any = io.StringIO(json.dumps(info)) if info else self._credentials.service_file
+            try:
+                self._storage = Storage(
+                    service_file=service, session=session, api_root=self._api_root, api_is_dev=self._anonymous
+                )
+            except Exception as exc:
+                # The key in the credentials is read here; its text never goes into the message.
+                raise SyncError(
+                    SourceProblem.CREDENTIALS, f"{self.url}: the Google credential is unusable ({type(exc).__name__})"
+                ) from None
         return self._storage
 
     async def list(self) -> list[RemoteEntry]:
@@ -343,9 +479,10 @@ class GCSRepository:
             raise _gcs_error(exc, f"{self.url}/{key}") from exc
 
     async def close(self) -> None:
-        if self._storage is not None:
-            await self._storage.close()
-            self._storage = None
+        # The session is edged's: gcloud-aio leaves a session it was given open.
+        if self._session is not None:
+            await self._session.close()
+        self._storage = self._session = None
 
 
 def _gcs_entry(item: Mapping[str, Any], prefix: str) -> RemoteEntry | None:

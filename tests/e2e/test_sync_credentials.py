@@ -1,0 +1,459 @@
+"""Credentials, proxies and failures of the sync clients against real endpoints: moto's S3 server with its IAM
+checks on (a wrong key is refused as AWS refuses it), the GCS emulator, an HTTP proxy that records what passes
+through it, and small HTTP endpoints that hand out credentials as ECS and Google's token endpoint do."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import http.server
+import itertools
+import json
+import os
+import select
+import socket
+import subprocess
+import threading
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import boto3
+import pytest
+from objectstores import BIN, FaultProxy, _wait_listening, free_port, gcs_emulator, gcs_upload, moto_server, tree
+
+from edged.sync import ClientOptions, SourceProblem, SyncError, SyncResult, open_repository, sync_once
+from edged.sync.sources import RemoteRepository
+
+FILES: Final = {"add_sub/config.pbtxt": b'name: "add_sub"\n', "add_sub/1/model.bin": bytes(range(256)) * 64}
+# Short patience, so that each failure below is told within seconds.
+QUICK: Final = ClientOptions(connect_timeout_s=2, read_timeout_s=5)
+GCS_BUCKET: Final = "models"
+ALLOW_ALL: Final = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+_names = itertools.count()
+
+
+# --- endpoints ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuthMoto:
+    """moto's S3 with IAM checks on, an IAM user allowed everything, and its key."""
+
+    port: int
+    key_id: str
+    secret: str
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def client(self, service: str) -> Any:
+        return boto3.client(
+            service,
+            endpoint_url=f"http://{self.endpoint}",
+            aws_access_key_id=self.key_id,
+            aws_secret_access_key=self.secret,
+            region_name="us-east-1",
+        )
+
+    def role_credentials(self) -> dict[str, Any]:
+        """Temporary credentials of a role allowed everything, from moto's STS."""
+        iam = self.client("iam")
+        name = f"edged-role-{next(_names)}"
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
+        }
+        role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+        iam.put_role_policy(RoleName=name, PolicyName="all", PolicyDocument=json.dumps(ALLOW_ALL))
+        issued: dict[str, Any] = self.client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName="edged")
+        return issued["Credentials"]  # type: ignore[no-any-return]
+
+    def bucket_with_repository(self) -> str:
+        name = f"creds-{next(_names)}"
+        s3 = self.client("s3")
+        s3.create_bucket(Bucket=name)
+        for key, data in FILES.items():
+            s3.put_object(Bucket=name, Key=f"repo/{key}", Body=data)
+        return name
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[AuthMoto]:
+    port = free_port()
+    # The first three requests (the IAM user, its key and its policy) are let through; every later one is checked.
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
+    process = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(port, process, "moto_server")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+            region_name="us-east-1",
+        )
+        iam.create_user(UserName="edged")
+        key = iam.create_access_key(UserName="edged")["AccessKey"]
+        iam.put_user_policy(UserName="edged", PolicyName="all", PolicyDocument=json.dumps(ALLOW_ALL))
+        yield AuthMoto(port, key["AccessKeyId"], key["SecretAccessKey"])
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@dataclass
+class RecordingProxy:
+    """An HTTP proxy: absolute-URI requests are forwarded (one connection per request), CONNECT is tunnelled;
+    ``requests`` records each request line with its headers."""
+
+    port: int = field(default_factory=free_port)
+    requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def lines(self) -> list[str]:
+        return [line for line, _ in self.requests]
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[RecordingProxy]:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_CONNECT(self) -> None:  # noqa: N802
+                proxy.requests.append((self.requestline, dict(self.headers)))
+                host, _, port = self.path.rpartition(":")
+                try:
+                    upstream = socket.create_connection((host, int(port)), 5)
+                except OSError:
+                    self.send_error(502)
+                    return
+                self.send_response(200, "Connection established")
+                self.end_headers()
+                sockets = [self.connection, upstream]
+                with upstream:
+                    while True:
+                        ready, _, _ = select.select(sockets, [], [], 5)
+                        if not ready:
+                            return
+                        for sock in ready:
+                            data = sock.recv(65536)
+                            if not data:
+                                return
+                            (upstream if sock is self.connection else self.connection).sendall(data)
+
+            def forward(self) -> None:
+                proxy.requests.append((self.requestline, dict(self.headers)))
+                target = urllib.parse.urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-connection", "connection")}
+                request = urllib.request.Request(self.path, data=body, method=self.command, headers=headers)
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                try:
+                    response = opener.open(request, timeout=10)
+                except urllib.error.HTTPError as error:
+                    response = error
+                except OSError:
+                    self.send_error(502)
+                    return
+                with response:
+                    data = response.read()
+                    self.send_response(response.status)
+                    for name, value in response.headers.items():
+                        if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(data)))
+                    # One request per connection: clients must cope with a proxy that closes after each answer.
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(data)
+                self.close_connection = True
+                assert target.scheme == "http"
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward  # noqa: N815
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+@contextlib.contextmanager
+def json_endpoint(answer: Callable[[str, bytes], dict[str, Any]]) -> Iterator[tuple[str, list[bytes]]]:
+    """A small HTTP endpoint answering every request with ``answer(path, body)`` as JSON; yields its URL and the
+    bodies it was sent."""
+    bodies: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def reply(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            bodies.append(body)
+            data = json.dumps(answer(self.path, body)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = reply  # noqa: N815
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def sync(url: str, env: dict[str, str], state: Path, options: ClientOptions = QUICK) -> SyncResult:
+    async def run() -> SyncResult:
+        source = open_repository(url, env, options)
+        try:
+            return await sync_once(source, state)
+        finally:
+            await source.close()
+
+    return asyncio.run(run())
+
+
+def s3_url(endpoint: str, bucket: str) -> str:
+    return f"s3://{endpoint}/{bucket}/repo"
+
+
+def keys(moto: AuthMoto) -> dict[str, str]:
+    return {"AWS_ACCESS_KEY_ID": moto.key_id, "AWS_SECRET_ACCESS_KEY": moto.secret}
+
+
+def refused(url: str, env: dict[str, str], state: Path) -> SyncError:
+    with pytest.raises(SyncError) as failure:
+        sync(url, env, state)
+    return failure.value
+
+
+# --- TRITON_CLOUD_CREDENTIAL_PATH and systemd credentials ----------------------------------------------------
+
+
+def test_credential_file_longest_prefix_wins_over_the_variables(moto: AuthMoto, tmp_path: Path) -> None:
+    bucket, other = moto.bucket_with_repository(), moto.bucket_with_repository()
+    wrong = {"key_id": "AKIAWRONGWRONGWRONG1", "secret_key": "wrong-secret", "region": "us-east-1"}
+    right = {"key_id": moto.key_id, "secret_key": moto.secret}
+    path = tmp_path / "cloud_credential.json"
+    path.write_text(
+        json.dumps({"s3": {"": wrong, f"s3://{moto.endpoint}": wrong, f"s3://{moto.endpoint}/{bucket}": right}})
+    )
+    # The variables name a wrong key: Triton reads the file alone once TRITON_CLOUD_CREDENTIAL_PATH is set.
+    env = {"TRITON_CLOUD_CREDENTIAL_PATH": str(path), "AWS_ACCESS_KEY_ID": "AKIAENV", "AWS_SECRET_ACCESS_KEY": "x"}
+
+    result = sync(s3_url(moto.endpoint, bucket), env, tmp_path / "state")
+    assert tree(result.repository) == FILES
+
+    denied = refused(s3_url(moto.endpoint, other), env, tmp_path / "other")
+    assert denied.problem is SourceProblem.DENIED, denied
+    assert "wrong-secret" not in str(denied)
+
+
+def test_credential_file_without_a_matching_entry_is_refused(moto: AuthMoto, tmp_path: Path) -> None:
+    path = tmp_path / "cloud_credential.json"
+    path.write_text(json.dumps({"s3": {"s3://elsewhere": {"key_id": moto.key_id, "secret_key": moto.secret}}}))
+    env = {"TRITON_CLOUD_CREDENTIAL_PATH": str(path)} | keys(moto)
+    failure = refused(s3_url(moto.endpoint, moto.bucket_with_repository()), env, tmp_path / "state")
+    assert failure.problem is SourceProblem.CREDENTIALS and str(path) in str(failure), failure
+
+
+def test_systemd_credentials_replace_the_variables(moto: AuthMoto, tmp_path: Path) -> None:
+    folder = tmp_path / "credentials"
+    folder.mkdir()
+    # As an operator writes them, with echo's newline.
+    (folder / "aws-access-key-id").write_text(moto.key_id + "\n")
+    (folder / "aws-secret-access-key").write_text(moto.secret + "\n")
+    env = {
+        "CREDENTIALS_DIRECTORY": str(folder),
+        "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1",
+        "AWS_SECRET_ACCESS_KEY": "wrong",
+        # Another key's token must not be sent with the credential's key.
+        "AWS_SESSION_TOKEN": "someone-elses-token",
+    }
+    result = sync(s3_url(moto.endpoint, moto.bucket_with_repository()), env, tmp_path / "state")
+    assert tree(result.repository) == FILES
+
+
+def test_systemd_credential_file_of_triton_format(moto: AuthMoto, tmp_path: Path) -> None:
+    folder = tmp_path / "credentials"
+    folder.mkdir()
+    entry = {"key_id": moto.key_id, "secret_key": moto.secret}
+    (folder / "triton-cloud-credentials.json").write_text(json.dumps({"s3": {"": entry}}))
+    env = {"CREDENTIALS_DIRECTORY": str(folder)}
+    result = sync(s3_url(moto.endpoint, moto.bucket_with_repository()), env, tmp_path / "state")
+    assert tree(result.repository) == FILES
+
+
+# --- temporary credentials -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lifetime_s", [60, 3600], ids=["expiring", "lasting"])
+def test_container_credentials_are_refreshed_before_they_expire(
+    moto: AuthMoto, tmp_path: Path, lifetime_s: int
+) -> None:
+    def credentials(path: str, body: bytes) -> dict[str, Any]:
+        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=lifetime_s)
+        return {
+            "AccessKeyId": issued["AccessKeyId"],
+            "SecretAccessKey": issued["SecretAccessKey"],
+            "Token": issued["SessionToken"],
+            "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+
+    # Temporary credentials moto's STS issued, as the real endpoint hands out.
+    issued = moto.role_credentials()
+    bucket = moto.bucket_with_repository()
+    token = tmp_path / "eks-pod-identity-token"
+    token.write_text("pod-identity-token")
+    with json_endpoint(credentials) as (url, fetched):
+        # EKS Pod Identity's form: a full URI and the file of the token that authorizes the request.
+        env = {
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"{url}/v1/credentials",
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token),
+        }
+
+        async def two_runs() -> None:
+            source = open_repository(s3_url(moto.endpoint, bucket), env, QUICK)
+            try:
+                await sync_once(source, tmp_path / "state")
+                await asyncio.sleep(0.3)
+                await sync_once(source, tmp_path / "state")
+            finally:
+                await source.close()
+
+        asyncio.run(two_runs())
+    # Credentials that expire within minutes are fetched again before a request; lasting ones are kept.
+    assert (len(fetched) > 1) == (lifetime_s < 300), fetched
+
+
+# --- errors an operator can act on ---------------------------------------------------------------------------
+
+
+def test_s3_failures_are_told_apart(moto: AuthMoto, tmp_path: Path) -> None:
+    bucket = moto.bucket_with_repository()
+    closed = free_port()
+    cases = [
+        (s3_url(moto.endpoint, bucket), {"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1", "AWS_SECRET_ACCESS_KEY": "s3cr3t-wrong"}, SourceProblem.DENIED, bucket),
+        (s3_url(moto.endpoint, bucket), {"AWS_ACCESS_KEY_ID": moto.key_id, "AWS_SECRET_ACCESS_KEY": "s3cr3t-wrong"}, SourceProblem.DENIED, bucket),
+        (s3_url(moto.endpoint, "no-such-bucket"), keys(moto), SourceProblem.NOT_FOUND, "no-such-bucket"),
+        (s3_url(f"127.0.0.1:{closed}", bucket), keys(moto), SourceProblem.UNREACHABLE, f"127.0.0.1:{closed}"),
+    ]  # fmt: skip
+    for number, (url, env, problem, named) in enumerate(cases):
+        failure = refused(url, env, tmp_path / f"state-{number}")
+        assert failure.problem is problem, failure
+        assert named in str(failure), failure
+        assert env["AWS_SECRET_ACCESS_KEY"] not in str(failure) and moto.secret not in str(failure)
+
+
+def test_gcs_failures_are_told_apart(tmp_path: Path) -> None:
+    closed = free_port()
+    with gcs_emulator(GCS_BUCKET) as port:
+        missing = refused("gs://no-such-bucket/repo", {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}"}, tmp_path / "a")
+    assert missing.problem is SourceProblem.NOT_FOUND and "no-such-bucket" in str(missing), missing
+    dead = refused(f"gs://{GCS_BUCKET}/repo", {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{closed}"}, tmp_path / "b")
+    assert dead.problem is SourceProblem.UNREACHABLE and GCS_BUCKET in str(dead), dead
+
+
+# --- proxies ---------------------------------------------------------------------------------------------------
+
+
+def test_s3_goes_through_the_proxy_the_environment_names(moto: AuthMoto, tmp_path: Path) -> None:
+    bucket = moto.bucket_with_repository()
+    url = s3_url(moto.endpoint, bucket)
+    with RecordingProxy().running() as proxy:
+        result = sync(url, keys(moto) | {"HTTP_PROXY": proxy.url()}, tmp_path / "state")
+        assert tree(result.repository) == FILES
+        # Plain HTTP through an HTTP proxy: absolute-URI requests, one per file and the listing at least.
+        through = [line for line in proxy.lines() if line.startswith(f"GET http://{moto.endpoint}/{bucket}")]
+        assert len(through) >= 1 + len(FILES), proxy.lines()
+
+        proxy.requests.clear()
+        sync(url, keys(moto) | {"HTTP_PROXY": proxy.url(), "NO_PROXY": "localhost,127.0.0.0/8"}, tmp_path / "b")
+        assert proxy.requests == []
+
+        # An https:// endpoint takes HTTPS_PROXY, through a CONNECT tunnel (moto speaks no TLS: the run fails after).
+        https = f"s3://https://{moto.endpoint}/{bucket}/repo"
+        refused(https, keys(moto) | {"HTTPS_PROXY": proxy.url(), "HTTP_PROXY": "http://127.0.0.1:9"}, tmp_path / "c")
+        assert any(line.startswith(f"CONNECT {moto.endpoint}") for line in proxy.lines()), proxy.lines()
+
+
+def test_gcs_goes_through_the_proxy_the_environment_names(tmp_path: Path) -> None:
+    with gcs_emulator(GCS_BUCKET) as port, RecordingProxy().running() as proxy:
+        for key, data in FILES.items():
+            gcs_upload(port, GCS_BUCKET, f"repo/{key}", data)
+        emulator = f"127.0.0.1:{port}"
+        env = {"STORAGE_EMULATOR_HOST": emulator, "HTTP_PROXY": proxy.url()}
+        result = sync(f"gs://{GCS_BUCKET}/repo", env, tmp_path / "state")
+        assert tree(result.repository) == FILES
+        through = [line for line in proxy.lines() if line.startswith(f"GET http://{emulator}/")]
+        assert len(through) >= 1 + len(FILES), proxy.lines()
+
+        proxy.requests.clear()
+        sync(f"gs://{GCS_BUCKET}/repo", env | {"NO_PROXY": "127.0.0.1"}, tmp_path / "b")
+        assert proxy.requests == []
+
+        https = {"STORAGE_EMULATOR_HOST": f"https://{emulator}", "HTTPS_PROXY": proxy.url()}
+        refused(f"gs://{GCS_BUCKET}/repo", https, tmp_path / "c")
+        assert any(line.startswith(f"CONNECT {emulator}") for line in proxy.lines()), proxy.lines()
+
+
+# --- connections the store or a proxy dropped ------------------------------------------------------------------
+
+
+def two_runs_across_a_drop(url: str, env: dict[str, str], via: FaultProxy, state: Path) -> None:
+    """One client, two runs; between them every connection it holds is cut, as an idle timeout does."""
+
+    async def run() -> None:
+        source: RemoteRepository = open_repository(url, env, QUICK)
+        try:
+            first = await sync_once(source, state / "first")
+            via.set_budget(0)
+            via.set_budget(None)
+            second = await sync_once(source, state / "second")
+        finally:
+            await source.close()
+        assert tree(first.repository) == tree(second.repository) == FILES
+
+    asyncio.run(run())
+
+
+def test_s3_client_survives_dropped_idle_connections(moto: AuthMoto, tmp_path: Path) -> None:
+    bucket = moto.bucket_with_repository()
+    with FaultProxy(moto.port).running() as via:
+        two_runs_across_a_drop(s3_url(via.url(), bucket), keys(moto), via, tmp_path)
+
+
+def test_gcs_client_survives_dropped_idle_connections(tmp_path: Path) -> None:
+    with gcs_emulator(GCS_BUCKET) as port, FaultProxy(port).running() as via:
+        for key, data in FILES.items():
+            gcs_upload(port, GCS_BUCKET, f"repo/{key}", data)
+        two_runs_across_a_drop(f"gs://{GCS_BUCKET}/repo", {"STORAGE_EMULATOR_HOST": via.url()}, via, tmp_path)
