@@ -457,7 +457,7 @@ class GCSRepository:
                     return entries
                 params["pageToken"] = token
         except Exception as exc:
-            raise _gcs_error(exc, self.url) from exc
+            raise _gcs_error(exc, self.url, self._api_root) from exc
 
     async def read(self, entry: RemoteEntry, start: int) -> AsyncIterator[bytes]:
         name = f"{self._source.prefix}/{entry.path}" if self._source.prefix else entry.path
@@ -469,14 +469,14 @@ class GCSRepository:
             while chunk := await stream.read(CHUNK_BYTES):
                 yield chunk
         except Exception as exc:
-            raise _gcs_error(exc, f"{self.url}/{entry.path}") from exc
+            raise _gcs_error(exc, f"{self.url}/{entry.path}", self._api_root) from exc
 
     async def write(self, key: str, data: bytes) -> None:
         name = f"{self._source.prefix}/{key}" if self._source.prefix else key
         try:
             await self._client().upload(self._source.bucket, name, data, timeout=self._timeout)
         except Exception as exc:
-            raise _gcs_error(exc, f"{self.url}/{key}") from exc
+            raise _gcs_error(exc, f"{self.url}/{key}", self._api_root) from exc
 
     async def close(self) -> None:
         # The session is edged's: gcloud-aio leaves a session it was given open.
@@ -506,10 +506,20 @@ def _gcs_entry(item: Mapping[str, Any], prefix: str) -> RemoteEntry | None:
     return RemoteEntry(path, size, digest, str(generation) if generation else None)
 
 
-def _gcs_error(exc: Exception, where: str) -> SyncError:
+def _gcs_error(exc: Exception, where: str, api_root: str) -> SyncError:
     import aiohttp
 
+    if isinstance(exc, SyncError):
+        return exc
     if isinstance(exc, aiohttp.ClientResponseError):
+        asked = exc.request_info.real_url
+        if not str(asked).startswith(api_root) and exc.status in (400, 401, 403):
+            # The token endpoint (or the metadata server) refused the credential: Google answers an unknown or
+            # revoked key with 400 invalid_grant.
+            endpoint = asked.with_query(None).with_fragment(None)
+            return SyncError(
+                SourceProblem.DENIED, f"{where}: {endpoint} refused the credential: HTTP {exc.status} {exc.message}"
+            )
         problem = {
             401: SourceProblem.DENIED,
             403: SourceProblem.DENIED,

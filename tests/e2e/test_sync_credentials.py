@@ -5,7 +5,6 @@ through it, and small HTTP endpoints that hand out credentials as ECS and Google
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import datetime
 import http.server
@@ -21,14 +20,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import boto3
 import pytest
-from objectstores import BIN, FaultProxy, _wait_listening, free_port, gcs_emulator, gcs_upload, moto_server, tree
+from objectstores import BIN, FaultProxy, _wait_listening, free_port, gcs_emulator, gcs_upload, tree
 
 from edged.sync import ClientOptions, SourceProblem, SyncError, SyncResult, open_repository, sync_once
-from edged.sync.sources import RemoteRepository
+
+if TYPE_CHECKING:
+    from edged.sync.sources import RemoteRepository
 
 FILES: Final = {"add_sub/config.pbtxt": b'name: "add_sub"\n', "add_sub/1/model.bin": bytes(range(256)) * 64}
 # Short patience, so that each failure below is told within seconds.
@@ -113,6 +114,15 @@ def moto() -> Iterator[AuthMoto]:
         process.wait(10)
 
 
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[int]:
+    """The GCS emulator, holding the repository under repo/."""
+    with gcs_emulator(GCS_BUCKET) as port:
+        for key, data in FILES.items():
+            gcs_upload(port, GCS_BUCKET, f"repo/{key}", data)
+        yield port
+
+
 @dataclass
 class RecordingProxy:
     """An HTTP proxy: absolute-URI requests are forwarded (one connection per request), CONNECT is tunnelled;
@@ -137,7 +147,7 @@ class RecordingProxy:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_CONNECT(self) -> None:  # noqa: N802
+            def do_CONNECT(self) -> None:
                 proxy.requests.append((self.requestline, dict(self.headers)))
                 host, _, port = self.path.rpartition(":")
                 try:
@@ -188,7 +198,7 @@ class RecordingProxy:
                 self.close_connection = True
                 assert target.scheme == "http"
 
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward  # noqa: N815
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
 
         server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -201,9 +211,11 @@ class RecordingProxy:
 
 
 @contextlib.contextmanager
-def json_endpoint(answer: Callable[[str, bytes], dict[str, Any]]) -> Iterator[tuple[str, list[bytes]]]:
-    """A small HTTP endpoint answering every request with ``answer(path, body)`` as JSON; yields its URL and the
-    bodies it was sent."""
+def json_endpoint(
+    answer: Callable[[str, bytes], dict[str, Any]], status: int = 200
+) -> Iterator[tuple[str, list[bytes]]]:
+    """A small HTTP endpoint answering every request with ``status`` and ``answer(path, body)`` as JSON; yields its
+    URL and the bodies it was sent."""
     bodies: list[bytes] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -214,13 +226,13 @@ def json_endpoint(answer: Callable[[str, bytes], dict[str, Any]]) -> Iterator[tu
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             bodies.append(body)
             data = json.dumps(answer(self.path, body)).encode()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = reply  # noqa: N815
+        do_GET = do_POST = reply
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -361,9 +373,11 @@ def test_container_credentials_are_refreshed_before_they_expire(
 def test_s3_failures_are_told_apart(moto: AuthMoto, tmp_path: Path) -> None:
     bucket = moto.bucket_with_repository()
     closed = free_port()
+    unknown_key = {"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1", "AWS_SECRET_ACCESS_KEY": "s3cr3t-wrong"}
+    wrong_secret = {"AWS_ACCESS_KEY_ID": moto.key_id, "AWS_SECRET_ACCESS_KEY": "s3cr3t-wrong"}
     cases = [
-        (s3_url(moto.endpoint, bucket), {"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG1", "AWS_SECRET_ACCESS_KEY": "s3cr3t-wrong"}, SourceProblem.DENIED, bucket),
-        (s3_url(moto.endpoint, bucket), {"AWS_ACCESS_KEY_ID": moto.key_id, "AWS_SECRET_ACCESS_KEY": "s3cr3t-wrong"}, SourceProblem.DENIED, bucket),
+        (s3_url(moto.endpoint, bucket), unknown_key, SourceProblem.DENIED, bucket),
+        (s3_url(moto.endpoint, bucket), wrong_secret, SourceProblem.DENIED, bucket),
         (s3_url(moto.endpoint, "no-such-bucket"), keys(moto), SourceProblem.NOT_FOUND, "no-such-bucket"),
         (s3_url(f"127.0.0.1:{closed}", bucket), keys(moto), SourceProblem.UNREACHABLE, f"127.0.0.1:{closed}"),
     ]  # fmt: skip
@@ -374,10 +388,9 @@ def test_s3_failures_are_told_apart(moto: AuthMoto, tmp_path: Path) -> None:
         assert env["AWS_SECRET_ACCESS_KEY"] not in str(failure) and moto.secret not in str(failure)
 
 
-def test_gcs_failures_are_told_apart(tmp_path: Path) -> None:
+def test_gcs_failures_are_told_apart(gcs: int, tmp_path: Path) -> None:
     closed = free_port()
-    with gcs_emulator(GCS_BUCKET) as port:
-        missing = refused("gs://no-such-bucket/repo", {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}"}, tmp_path / "a")
+    missing = refused("gs://no-such-bucket/repo", {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{gcs}"}, tmp_path / "a")
     assert missing.problem is SourceProblem.NOT_FOUND and "no-such-bucket" in str(missing), missing
     dead = refused(f"gs://{GCS_BUCKET}/repo", {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{closed}"}, tmp_path / "b")
     assert dead.problem is SourceProblem.UNREACHABLE and GCS_BUCKET in str(dead), dead
@@ -406,10 +419,9 @@ def test_s3_goes_through_the_proxy_the_environment_names(moto: AuthMoto, tmp_pat
         assert any(line.startswith(f"CONNECT {moto.endpoint}") for line in proxy.lines()), proxy.lines()
 
 
-def test_gcs_goes_through_the_proxy_the_environment_names(tmp_path: Path) -> None:
-    with gcs_emulator(GCS_BUCKET) as port, RecordingProxy().running() as proxy:
-        for key, data in FILES.items():
-            gcs_upload(port, GCS_BUCKET, f"repo/{key}", data)
+def test_gcs_goes_through_the_proxy_the_environment_names(gcs: int, tmp_path: Path) -> None:
+    port = gcs
+    with RecordingProxy().running() as proxy:
         emulator = f"127.0.0.1:{port}"
         env = {"STORAGE_EMULATOR_HOST": emulator, "HTTP_PROXY": proxy.url()}
         result = sync(f"gs://{GCS_BUCKET}/repo", env, tmp_path / "state")
@@ -452,8 +464,115 @@ def test_s3_client_survives_dropped_idle_connections(moto: AuthMoto, tmp_path: P
         two_runs_across_a_drop(s3_url(via.url(), bucket), keys(moto), via, tmp_path)
 
 
-def test_gcs_client_survives_dropped_idle_connections(tmp_path: Path) -> None:
-    with gcs_emulator(GCS_BUCKET) as port, FaultProxy(port).running() as via:
-        for key, data in FILES.items():
-            gcs_upload(port, GCS_BUCKET, f"repo/{key}", data)
+def test_gcs_client_survives_dropped_idle_connections(gcs: int, tmp_path: Path) -> None:
+    with FaultProxy(gcs).running() as via:
         two_runs_across_a_drop(f"gs://{GCS_BUCKET}/repo", {"STORAGE_EMULATOR_HOST": via.url()}, via, tmp_path)
+
+
+# --- Google credentials ----------------------------------------------------------------------------------------
+
+
+def service_account(token_uri: str) -> tuple[dict[str, str], Any]:
+    """A service-account key as Google issues it, with its token endpoint at ``token_uri``; and its public key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    info = {
+        "type": "service_account",
+        "project_id": "edged-test",
+        "private_key_id": "key-1",
+        "private_key": pem,
+        "client_email": "sync@edged-test.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    return info, key.public_key()
+
+
+@dataclass
+class TokenEndpoint:
+    """Google's OAuth token endpoint as a service account meets it: a signed JWT in, an access token out."""
+
+    lifetime_s: int = 3600
+    status: int = 200
+    issued: list[str] = field(default_factory=list)
+
+    def answer(self, path: str, body: bytes) -> dict[str, Any]:
+        if self.status != 200:
+            return {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}
+        self.issued.append(f"ya29.token-{len(self.issued)}")
+        return {"access_token": self.issued[-1], "expires_in": self.lifetime_s, "token_type": "Bearer"}
+
+
+def assertion_signer_ok(body: bytes, public_key: Any, token_uri: str) -> bool:
+    import jwt
+
+    form = urllib.parse.parse_qs(body.decode())
+    claims = jwt.decode(form["assertion"][0], public_key, algorithms=["RS256"], audience=token_uri)
+    return bool(claims["iss"] == "sync@edged-test.iam.gserviceaccount.com")
+
+
+@pytest.mark.parametrize("given", ["path", "content", "credential-file-path", "credential-file-object", "systemd"])
+def test_gcs_service_account_signs_requests_to_a_private_endpoint(gcs: int, tmp_path: Path, given: str) -> None:
+    endpoint = TokenEndpoint()
+    port = gcs
+    with json_endpoint(endpoint.answer) as (token_url, bodies), RecordingProxy().running() as proxy:
+        info, public_key = service_account(f"{token_url}/token")
+        path = tmp_path / "service-account.json"
+        path.write_text(json.dumps(info))
+        credentials: dict[str, str] = {
+            "path": {"GOOGLE_APPLICATION_CREDENTIALS": str(path)},
+            "content": {"GOOGLE_APPLICATION_CREDENTIALS": json.dumps(info)},
+        }.get(given, {})
+        if given.startswith("credential-file"):
+            entry: Any = str(path) if given == "credential-file-path" else info
+            triton = tmp_path / "cloud_credential.json"
+            triton.write_text(json.dumps({"gs": {"gs://other": "/nowhere.json", f"gs://{GCS_BUCKET}": entry}}))
+            credentials = {"TRITON_CLOUD_CREDENTIAL_PATH": str(triton)}
+        if given == "systemd":
+            (tmp_path / "credentials").mkdir()
+            (tmp_path / "credentials" / "gcs-service-account.json").write_text(json.dumps(info))
+            credentials = {"CREDENTIALS_DIRECTORY": str(tmp_path / "credentials")}
+        # A private endpoint named through STORAGE_EMULATOR_HOST; the proxy shows what each request carries.
+        env = {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}", "HTTP_PROXY": proxy.url()} | credentials
+        result = sync(f"gs://{GCS_BUCKET}/repo", env, tmp_path / "state")
+
+    assert tree(result.repository) == FILES
+    assert len(bodies) == 1 and assertion_signer_ok(bodies[0], public_key, f"{token_url}/token")
+    storage = [headers for line, headers in proxy.requests if f"127.0.0.1:{port}/" in line]
+    assert storage and all(headers.get("Authorization") == "Bearer ya29.token-0" for headers in storage), storage
+
+
+def test_gcs_token_is_refreshed_before_it_expires(gcs: int, tmp_path: Path) -> None:
+    endpoint = TokenEndpoint(lifetime_s=1)
+    port = gcs
+    with json_endpoint(endpoint.answer) as (token_url, _):
+        info, _ = service_account(f"{token_url}/token")
+        env = {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}", "GOOGLE_APPLICATION_CREDENTIALS": json.dumps(info)}
+
+        async def two_runs() -> None:
+            source = open_repository(f"gs://{GCS_BUCKET}/repo", env, QUICK)
+            try:
+                await sync_once(source, tmp_path / "state")
+                await asyncio.sleep(1.2)  # the token's whole lifetime
+                await sync_once(source, tmp_path / "state")
+            finally:
+                await source.close()
+
+        asyncio.run(two_runs())
+    assert len(endpoint.issued) >= 2, endpoint.issued
+
+
+def test_gcs_refused_credential_is_denied(gcs: int, tmp_path: Path) -> None:
+    endpoint = TokenEndpoint(status=400)
+    port = gcs
+    with json_endpoint(endpoint.answer, status=400) as (token_url, _):
+        info, _ = service_account(f"{token_url}/token")
+        env = {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{port}", "GOOGLE_APPLICATION_CREDENTIALS": json.dumps(info)}
+        failure = refused(f"gs://{GCS_BUCKET}/repo", env, tmp_path / "state")
+    assert failure.problem is SourceProblem.DENIED and f"{token_url}/token" in str(failure), failure
+    assert "PRIVATE KEY" not in str(failure)
