@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from obstore.store import S3Store
 
 GCS_API_ROOT: Final = "https://storage.googleapis.com"
+# As the AWS SDKs and obstore: a bucket elsewhere answers with a redirect that names the wrong region.
+DEFAULT_REGION: Final = "us-east-1"
 # Read in pieces of this size: what a cut link loses is at most one piece, since each is on disk before the next.
 CHUNK_BYTES: Final = 256 << 10
 # Seconds; a device on a slow link needs long reads, a dead endpoint must still be noticed.
@@ -202,6 +204,7 @@ class S3Repository:
         self, source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials
     ) -> None:
         self._source = source
+        self._region = credentials.region or DEFAULT_REGION
         self._store = self._make_store(source, env, options, credentials)
 
     @property
@@ -214,7 +217,7 @@ class S3Repository:
     ) -> S3Store:
         from obstore.store import S3Store
 
-        region = credentials.region or "us-east-1"
+        region = credentials.region or DEFAULT_REGION
         config: dict[str, Any] = {"region": region, "default_region": region}
         provider = None
         if credentials.key_id:
@@ -275,7 +278,7 @@ class S3Repository:
                     digest = f"md5:{etag}" if _MD5_HEX.fullmatch(etag) else f"etag:{etag}"
                     entries.append(RemoteEntry(meta["path"], meta["size"], digest, meta["e_tag"]))
         except Exception as exc:
-            raise _s3_error(exc, self.url) from exc
+            raise _s3_error(exc, self.url, self._region) from exc
         return entries
 
     async def read(self, entry: RemoteEntry, start: int) -> AsyncIterator[bytes]:
@@ -291,7 +294,7 @@ class S3Repository:
             async for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
                 yield bytes(chunk)
         except Exception as exc:
-            raise _s3_error(exc, f"{self.url}/{entry.path}") from exc
+            raise _s3_error(exc, f"{self.url}/{entry.path}", self._region) from exc
 
     async def write(self, key: str, data: bytes) -> None:
         import obstore
@@ -299,7 +302,7 @@ class S3Repository:
         try:
             await obstore.put_async(self._store, key, data)
         except Exception as exc:
-            raise _s3_error(exc, f"{self.url}/{key}") from exc
+            raise _s3_error(exc, f"{self.url}/{key}", self._region) from exc
 
     async def close(self) -> None:
         """obstore's client holds no connection that needs closing."""
@@ -354,24 +357,29 @@ _S3_STATUS: Final = {
 }
 
 
-def _s3_error(exc: Exception, where: str) -> SyncError:
+def _s3_error(exc: Exception, where: str, region: str = DEFAULT_REGION) -> SyncError:
     from obstore import exceptions
 
     full = str(exc)
-    text = full.split("\n", 1)[0]
+    # obstore's first line, without the XML body it appends (read apart below) and without its "Generic S3 error".
+    text = full.split("\n", 1)[0].split(": <?xml", 1)[0].removeprefix("Generic S3 error: ")
     code = re.search(r"<Code>(\w+)</Code>", full)
+    said = re.search(r"<Message>([^<]*)</Message>", full)
     status = re.search(r"status code: (\d{3})", full)
     if isinstance(exc, exceptions.InvalidPathError):
         problem = SourceProblem.REFUSED
     elif code and code[1] in _S3_CODES:
         problem = _S3_CODES[code[1]]
-        text = f"{code[1]}: {text}"
+        text = f"{code[1]}: {said[1] if said else text}"
     elif isinstance(exc, (exceptions.NotFoundError, FileNotFoundError)):
         problem = SourceProblem.NOT_FOUND
     elif isinstance(exc, (exceptions.PermissionDeniedError, exceptions.UnauthenticatedError, PermissionError)):
         problem = SourceProblem.DENIED
     elif isinstance(exc, exceptions.PreconditionError):
         problem = SourceProblem.CHANGED
+    elif "incorrectly configured region" in full:
+        # S3's answer to a request sent to another region than the bucket's: a 301 without a Location.
+        problem = SourceProblem.WRONG_REGION
     elif status and int(status[1]) in _S3_STATUS:
         problem = _S3_STATUS[int(status[1])]
     elif isinstance(exc, (ConnectionError, TimeoutError)) or any(
@@ -380,6 +388,11 @@ def _s3_error(exc: Exception, where: str) -> SyncError:
         problem = SourceProblem.UNREACHABLE
     else:
         problem = SourceProblem.OTHER
+    if problem is SourceProblem.WRONG_REGION:
+        text += (
+            f' (edged asked in region {region}: set AWS_DEFAULT_REGION, or the entry\'s "region" in'
+            " TRITON_CLOUD_CREDENTIAL_PATH, to the bucket's)"
+        )
     return SyncError(problem, f"{where}: {text}")
 
 

@@ -126,10 +126,14 @@ def gcs() -> Iterator[int]:
 @dataclass
 class RecordingProxy:
     """An HTTP proxy: absolute-URI requests are forwarded (one connection per request), CONNECT is tunnelled;
-    ``requests`` records each request line with its headers."""
+    ``requests`` records each request line with its headers. With ``upstream`` it is a reverse proxy to that
+    URL as well, and ``gate`` may answer a request itself from its headers (names in lower case): (status, body),
+    or None to let it through."""
 
     port: int = field(default_factory=free_port)
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    upstream: str | None = None
+    gate: Callable[[dict[str, str]], tuple[int, bytes] | None] | None = None
 
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -171,11 +175,18 @@ class RecordingProxy:
 
             def forward(self) -> None:
                 proxy.requests.append((self.requestline, dict(self.headers)))
-                target = urllib.parse.urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                answer = proxy.gate({k.lower(): v for k, v in self.headers.items()}) if proxy.gate else None
+                if answer is not None:
+                    self.send_response(answer[0])
+                    self.send_header("Content-Length", str(len(answer[1])))
+                    self.end_headers()
+                    self.wfile.write(answer[1])
+                    return
+                target = self.path if "://" in self.path else f"{proxy.upstream}{self.path}"
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-connection", "connection")}
-                request = urllib.request.Request(self.path, data=body, method=self.command, headers=headers)
+                request = urllib.request.Request(target, data=body, method=self.command, headers=headers)
                 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
                 try:
                     response = opener.open(request, timeout=10)
@@ -196,7 +207,6 @@ class RecordingProxy:
                     self.end_headers()
                     self.wfile.write(data)
                 self.close_connection = True
-                assert target.scheme == "http"
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
 
@@ -394,6 +404,33 @@ def test_gcs_failures_are_told_apart(gcs: int, tmp_path: Path) -> None:
     assert missing.problem is SourceProblem.NOT_FOUND and "no-such-bucket" in str(missing), missing
     dead = refused(f"gs://{GCS_BUCKET}/repo", {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{closed}"}, tmp_path / "b")
     assert dead.problem is SourceProblem.UNREACHABLE and GCS_BUCKET in str(dead), dead
+
+
+@pytest.mark.parametrize("answer", ["redirect", "malformed-authorization"])
+def test_s3_wrong_region_is_told_apart(moto: AuthMoto, tmp_path: Path, answer: str) -> None:
+    """moto serves every region alike; in front of it, S3's two answers to a request signed for another region
+    than the bucket's (a 301 from a regional endpoint, a 400 from the bucket's own)."""
+    bucket = moto.bucket_with_repository()
+
+    def in_eu_west_3(headers: dict[str, str]) -> tuple[int, bytes] | None:
+        if "/eu-west-3/s3/" in headers.get("authorization", ""):
+            return None
+        if answer == "redirect":
+            code, said = (
+                "PermanentRedirect",
+                "The bucket you are attempting to access must be addressed using the specified endpoint.",
+            )
+            return 301, f"<Error><Code>{code}</Code><Message>{said}</Message></Error>".encode()
+        said = "The authorization header is malformed; the region 'us-east-1' is wrong; expecting 'eu-west-3'"
+        return 400, f"<Error><Code>AuthorizationHeaderMalformed</Code><Message>{said}</Message></Error>".encode()
+
+    with RecordingProxy(upstream=f"http://{moto.endpoint}", gate=in_eu_west_3).running() as regional:
+        url = s3_url(f"127.0.0.1:{regional.port}", bucket)
+        failure = refused(url, keys(moto), tmp_path / "state")
+        assert failure.problem is SourceProblem.WRONG_REGION, failure
+        assert "AWS_DEFAULT_REGION" in str(failure) and bucket in str(failure)
+        result = sync(url, keys(moto) | {"AWS_DEFAULT_REGION": "eu-west-3"}, tmp_path / "state")
+        assert tree(result.repository) == FILES
 
 
 # --- proxies ---------------------------------------------------------------------------------------------------
