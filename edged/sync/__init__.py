@@ -2,11 +2,13 @@
 
 What exists
     sources.py    Triton's repository URLs (``s3://bucket/prefix``, ``s3://host:port/bucket/prefix``,
-                  ``s3://https://host:port/...``, ``gs://bucket/prefix``), credentials as Triton reads them (AWS_*,
-                  GOOGLE_APPLICATION_CREDENTIALS, STORAGE_EMULATOR_HOST, plus HTTPS_PROXY for S3), and a
+                  ``s3://https://host:port/...``, ``gs://bucket/prefix``), the proxy and endpoint variables, and a
                   ``RemoteRepository`` that lists (path, size, digest) and reads one object from an offset.
                   Failures are ``SyncError`` with a ``SourceProblem`` (unreachable, denied, not found, changed,
                   refused, verification failed) so that an operator can tell a wrong key from a dead endpoint.
+    credentials.py  Credentials as Triton reads them (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, the per-path JSON
+                  of TRITON_CLOUD_CREDENTIAL_PATH) and systemd's ``$CREDENTIALS_DIRECTORY``; temporary S3
+                  credentials (web identity, container, instance metadata) are left to the client, which refreshes them.
     plan.py       Pure functions: ``key_problem`` (every component of a remote key must be a valid folder-entry
                   name, the rule of edged.core.names: no ``..``, absolute path, NUL, backslash or control
                   character), ``check_listing`` (refuses the whole listing on one bad key, drops folder markers),
@@ -47,13 +49,10 @@ Next steps
       serves when the remote is unreachable), a periodic loop with jitter and backoff, ``edged sync
       status|now|pause|resume``, sync runs in the history API, Prometheus metrics (runs, failures, bytes, rate,
       last success, revision), a rate cap and a free-disk check before downloading, parallel downloads.
-    - Credentials: TRITON_CLOUD_CREDENTIAL_PATH per-path credentials, systemd ``$CREDENTIALS_DIRECTORY``, web
-      identity and instance-metadata credentials (obstore supports them through its config keys).
     - Fleet status objects written back to the bucket, and ``edged fleet status``.
     - Known gaps of this slice: a GCS read is not conditional on the listed generation (the MD5 check catches a
-      replaced object, not one without an MD5), a stalled GCS body is bounded only by aiohttp's defaults, a partial
-      download of an object without an MD5 is trusted by size until TUF gives its sha256, and HTTPS_PROXY is passed
-      to the S3 client only.
+      replaced object, not one without an MD5), and a partial download of an object without an MD5 is trusted by
+      size until TUF gives its sha256.
 """
 
 from __future__ import annotations

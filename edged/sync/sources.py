@@ -383,7 +383,9 @@ def _s3_error(exc: Exception, where: str, region: str = DEFAULT_REGION) -> SyncE
     elif status and int(status[1]) in _S3_STATUS:
         problem = _S3_STATUS[int(status[1])]
     elif isinstance(exc, (ConnectionError, TimeoutError)) or any(
-        sign in full for sign in ("error sending request", "timed out", "Connection refused", "connection reset")
+        sign in full
+        # The last one: a body cut short or stalled past the read timeout, after the answer began.
+        for sign in ("error sending request", "timed out", "Connection refused", "connection reset", "body error")
     ):
         problem = SourceProblem.UNREACHABLE
     else:

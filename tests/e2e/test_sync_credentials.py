@@ -613,3 +613,37 @@ def test_gcs_refused_credential_is_denied(gcs: int, tmp_path: Path) -> None:
         failure = refused(f"gs://{GCS_BUCKET}/repo", env, tmp_path / "state")
     assert failure.problem is SourceProblem.DENIED and f"{token_url}/token" in str(failure), failure
     assert "PRIVATE KEY" not in str(failure)
+
+
+# --- timeouts ----------------------------------------------------------------------------------------------------
+
+
+def stalled_run_ends(url: str, env: dict[str, str], via: FaultProxy, state: Path) -> SyncError:
+    """A link that stops moving mid-body: the run must end with the read timeout it was given, not hang."""
+    via.set_budget(len(FILES["add_sub/1/model.bin"]) // 2, stall=True)
+
+    async def run() -> None:
+        source = open_repository(url, env, ClientOptions(connect_timeout_s=1, read_timeout_s=1))
+        try:
+            # Far above the read timeout: reaching it means the client waited for the stalled link.
+            await asyncio.wait_for(sync_once(source, state), 30)
+        finally:
+            await source.close()
+
+    with pytest.raises(SyncError) as failure:
+        asyncio.run(run())
+    via.set_budget(None)  # lifts the stall, so that the proxy's stalled connections end before it stops
+    return failure.value
+
+
+def test_s3_stalled_link_is_given_up_after_the_read_timeout(moto: AuthMoto, tmp_path: Path) -> None:
+    bucket = moto.bucket_with_repository()
+    with FaultProxy(moto.port).running() as via:
+        failure = stalled_run_ends(s3_url(via.url(), bucket), keys(moto), via, tmp_path / "state")
+    assert failure.problem is SourceProblem.UNREACHABLE, failure
+
+
+def test_gcs_stalled_link_is_given_up_after_the_read_timeout(gcs: int, tmp_path: Path) -> None:
+    with FaultProxy(gcs).running() as via:
+        failure = stalled_run_ends(f"gs://{GCS_BUCKET}/repo", {"STORAGE_EMULATOR_HOST": via.url()}, via, tmp_path)
+    assert failure.problem is SourceProblem.UNREACHABLE, failure
