@@ -30,6 +30,7 @@ import re
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from edged.sync.credentials import (
@@ -256,6 +257,9 @@ class S3Repository:
         proxy = proxy_for(endpoint or f"https://s3.{region}.amazonaws.com", env)
         if proxy:
             client["proxy_url"] = proxy
+        if env.get("AWS_CA_BUNDLE"):
+            # A private CA (MinIO, Ceph, an STS endpoint inside the network): trusted on top of the system's.
+            client["root_certificate"] = _read_bundle(env["AWS_CA_BUNDLE"])
         # obstore's own retries are kept short: the sync loop retries whole runs, and a run resumes its downloads.
         retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=options.read_timeout_s)}
         return S3Store(
@@ -322,6 +326,17 @@ _S3_TEMPORARY: Final = {
     "metadata_endpoint": ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "AWS_METADATA_ENDPOINT"),
     "imdsv1_fallback": ("AWS_IMDSV1_FALLBACK",),
 }
+
+
+def _read_bundle(path: str) -> str:
+    try:
+        bundle = Path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SyncError(SourceProblem.BAD_URL, f"AWS_CA_BUNDLE {path} cannot be read: {type(exc).__name__}") from None
+    if "-----BEGIN CERTIFICATE-----" not in bundle:
+        raise SyncError(SourceProblem.BAD_URL, f"AWS_CA_BUNDLE {path} holds no PEM certificate")
+    return bundle
+
 
 # These are URLs: obstore panics on some malformed ones rather than failing, so they are checked first.
 _S3_URLS: Final = frozenset({"aws_endpoint_url_sts", "container_credentials_full_uri", "metadata_endpoint"})

@@ -13,6 +13,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import subprocess
 import threading
 import urllib.parse
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import boto3
 import pytest
-from objectstores import BIN, FaultProxy, _wait_listening, free_port, gcs_emulator, gcs_upload, tree
+from objectstores import BIN, FaultProxy, _wait_listening, free_port, gcs_emulator, gcs_upload, moto_server, tree
 
 from edged.sync import ClientOptions, SourceProblem, SyncError, SyncResult, open_repository, sync_once
 
@@ -134,6 +135,11 @@ class RecordingProxy:
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     upstream: str | None = None
     gate: Callable[[dict[str, str]], tuple[int, bytes] | None] | None = None
+    # Served over TLS with this context (as a reverse proxy: an endpoint behind a private CA).
+    tls: ssl.SSLContext | None = None
+    # A POST's query moved into a form body: the same AWS query-protocol request, in the form moto recognizes
+    # (it takes a bare POST with its query in the URL for S3).
+    query_to_form: bool = False
 
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -184,8 +190,14 @@ class RecordingProxy:
                     self.end_headers()
                     self.wfile.write(answer[1])
                     return
-                target = self.path if "://" in self.path else f"{proxy.upstream}{self.path}"
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-connection", "connection")}
+                dropped = ("proxy-connection", "connection", "content-length")  # urllib sets the length it sends
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
+                path = self.path
+                if proxy.query_to_form and self.command == "POST" and not body and "?" in path:
+                    path, query = path.split("?", 1)
+                    body = query.encode()
+                    headers["Content-Type"] = "application/x-www-form-urlencoded"
+                target = path if "://" in path else f"{proxy.upstream}{path}"
                 request = urllib.request.Request(target, data=body, method=self.command, headers=headers)
                 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
                 try:
@@ -211,6 +223,8 @@ class RecordingProxy:
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
 
         server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        if self.tls is not None:
+            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
@@ -375,6 +389,91 @@ def test_container_credentials_are_refreshed_before_they_expire(
         asyncio.run(two_runs())
     # Credentials that expire within minutes are fetched again before a request; lasting ones are kept.
     assert (len(fetched) > 1) == (lifetime_s < 300), fetched
+
+
+def private_ca(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA of the test's own, in a PEM file, and a server context for 127.0.0.1 with a certificate it signed."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def certificate(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            import ipaddress
+
+            names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = certificate("edged test CA", ca_key, "edged test CA", ca_key, ca=True)
+    server = certificate("127.0.0.1", server_key, "edged test CA", ca_key, ca=False)
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    chain = tmp_path / "server.pem"
+    chain.write_bytes(
+        server.public_bytes(serialization.Encoding.PEM)
+        + server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain)
+    return bundle, context
+
+
+def test_web_identity_token_is_exchanged_for_credentials_that_sign(tmp_path: Path) -> None:
+    """AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN: the client trades the token at STS (HTTPS only, here behind
+    a private CA given in AWS_CA_BUNDLE) and signs with what it got. moto's STS answers only with IAM checks off."""
+    token = tmp_path / "web-identity-token"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.edged-device.signature")
+    bundle, context = private_ca(tmp_path)
+    with moto_server() as port:
+        bucket = f"webid-{next(_names)}"
+        s3 = boto3.client(
+            "s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="a", aws_secret_access_key="b",
+            region_name="us-east-1",
+        )  # fmt: skip
+        s3.create_bucket(Bucket=bucket)
+        for key, data in FILES.items():
+            s3.put_object(Bucket=bucket, Key=f"repo/{key}", Body=data)
+        sts = RecordingProxy(upstream=f"http://127.0.0.1:{port}", tls=context, query_to_form=True)
+        with sts.running(), RecordingProxy().running() as proxy:
+            env = {
+                "AWS_WEB_IDENTITY_TOKEN_FILE": str(token),
+                "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/edged-sync",
+                "AWS_ROLE_SESSION_NAME": "edged-device",
+                "AWS_ENDPOINT_URL_STS": f"https://127.0.0.1:{sts.port}",
+                "AWS_CA_BUNDLE": str(bundle),
+                # Only to see how S3 requests are signed: STS is https://, so HTTP_PROXY leaves it alone.
+                "HTTP_PROXY": proxy.url(),
+            }
+            result = sync(s3_url(f"127.0.0.1:{port}", bucket), env, tmp_path / "state")
+    assert tree(result.repository) == FILES
+    exchanges = [
+        urllib.parse.parse_qs(urllib.parse.urlsplit(line.split()[1]).query)
+        for line in sts.lines()
+        if "Action=AssumeRoleWithWebIdentity" in line
+    ]
+    assert len(exchanges) == 1 and exchanges[0]["WebIdentityToken"] == [token.read_text()], sts.lines()
+    signed = [headers for line, headers in proxy.requests if line.startswith(f"GET http://127.0.0.1:{port}/")]
+    assert signed and all(
+        "Credential=ASIA" in headers.get("authorization", "") and headers.get("x-amz-security-token")
+        for headers in signed
+    ), signed
 
 
 # --- errors an operator can act on ---------------------------------------------------------------------------
