@@ -234,7 +234,7 @@ class S3Repository:
 
         else:
             # Temporary credentials: obstore fetches them and refreshes them before they expire.
-            for key, variables in _S3_TEMPORARY.items():
+            for key, variables in _S3_CHAIN.items():
                 found = next((name for name in variables if env.get(name)), None)
                 if found:
                     config[key] = _checked_url(env[found], found) if key in _S3_URLS else env[found]
@@ -262,14 +262,22 @@ class S3Repository:
             client["root_certificate"] = _read_bundle(env["AWS_CA_BUNDLE"])
         # obstore's own retries are kept short: the sync loop retries whole runs, and a run resumes its downloads.
         retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=options.read_timeout_s)}
-        return S3Store(
-            source.bucket,
-            prefix=source.prefix or None,
-            config=config,  # type: ignore[arg-type]
-            client_options=client,  # type: ignore[arg-type]
-            retry_config=retry,  # type: ignore[arg-type]
-            credential_provider=provider,  # type: ignore[arg-type]
-        )
+        try:
+            return S3Store(
+                source.bucket,
+                prefix=source.prefix or None,
+                config=config,  # type: ignore[arg-type]
+                client_options=client,  # type: ignore[arg-type]
+                retry_config=retry,  # type: ignore[arg-type]
+                credential_provider=provider,  # type: ignore[arg-type]
+            )
+        except Exception as exc:
+            # obstore builds its HTTP client here: a certificate or proxy it cannot use fails now.
+            text = str(exc).split("\n", 1)[0]
+            raise SyncError(
+                SourceProblem.BAD_URL,
+                f"{source}: the S3 client refused its settings ({text}): check AWS_CA_BUNDLE and the proxy variables",
+            ) from None
 
     async def list(self) -> list[RemoteEntry]:
         import obstore
@@ -312,10 +320,11 @@ class S3Repository:
         """obstore's client holds no connection that needs closing."""
 
 
-# The variables of temporary credentials, by obstore's config key: web identity (EKS, GitHub OIDC, ...), ECS and EKS
-# container credentials, EC2 instance metadata. Without static keys obstore tries them in this order.
+# What obstore uses when no static key is given, by its config key: temporary credentials from web identity (EKS,
+# GitHub OIDC, ...), from ECS and EKS container endpoints or from EC2 instance metadata, tried in this order, or
+# unsigned requests to a public bucket (AWS_SKIP_SIGNATURE).
 # The AWS SDKs' names come first where obstore reads another one.
-_S3_TEMPORARY: Final = {
+_S3_CHAIN: Final = {
     "web_identity_token_file": ("AWS_WEB_IDENTITY_TOKEN_FILE",),
     "role_arn": ("AWS_ROLE_ARN",),
     "role_session_name": ("AWS_ROLE_SESSION_NAME",),
@@ -325,6 +334,7 @@ _S3_TEMPORARY: Final = {
     "container_authorization_token_file": ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",),
     "metadata_endpoint": ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "AWS_METADATA_ENDPOINT"),
     "imdsv1_fallback": ("AWS_IMDSV1_FALLBACK",),
+    "skip_signature": ("AWS_SKIP_SIGNATURE",),
 }
 
 
@@ -343,7 +353,10 @@ _S3_URLS: Final = frozenset({"aws_endpoint_url_sts", "container_credentials_full
 
 
 def _checked_url(value: str, variable: str) -> str:
-    parts = urllib.parse.urlsplit(value)
+    try:
+        parts = urllib.parse.urlsplit(value)
+    except ValueError:
+        parts = urllib.parse.urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SyncError(SourceProblem.BAD_URL, f"{variable} '{value}' is not an http:// or https:// URL")
     return value
@@ -392,6 +405,13 @@ def _s3_error(exc: Exception, where: str, region: str = DEFAULT_REGION) -> SyncE
         problem = SourceProblem.DENIED
     elif isinstance(exc, exceptions.PreconditionError):
         problem = SourceProblem.CHANGED
+    elif any(sign in full for sign in ("/latest/api/token", "/latest/meta-data/")):
+        # No key was configured, so the client asked the EC2 instance metadata service, which is not there.
+        problem = SourceProblem.CREDENTIALS
+        text = (
+            "no credentials: none configured (AWS_ACCESS_KEY_ID, TRITON_CLOUD_CREDENTIAL_PATH, systemd credentials,"
+            f" web identity, container) and the instance metadata service failed: {text}"
+        )
     elif "incorrectly configured region" in full:
         # S3's answer to a request sent to another region than the bucket's: a 301 without a Location.
         problem = SourceProblem.WRONG_REGION

@@ -391,6 +391,84 @@ def test_container_credentials_are_refreshed_before_they_expire(
     assert (len(fetched) > 1) == (lifetime_s < 300), fetched
 
 
+@contextlib.contextmanager
+def instance_metadata(credentials: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
+    """EC2's instance metadata service as IMDSv2 serves a role's credentials: a session token first, then the
+    role's name, then its credentials for requests that carry the token. Yields its URL and the paths asked."""
+    asked: list[str] = []
+    session = "imds-session-token"
+    role = "edged-role"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def reply(self, status: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_PUT(self) -> None:
+            asked.append(f"PUT {self.path}")
+            ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+            if self.path == "/latest/api/token" and ttl:
+                self.reply(200, session)
+            else:
+                self.reply(400, "")
+
+        def do_GET(self) -> None:
+            asked.append(f"GET {self.path}")
+            if self.headers.get("X-aws-ec2-metadata-token") != session:
+                self.reply(401, "")
+            elif self.path == "/latest/meta-data/iam/security-credentials/":
+                self.reply(200, role)
+            elif self.path == f"/latest/meta-data/iam/security-credentials/{role}":
+                expires = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"
+                )
+                answer = {
+                    "Code": "Success",
+                    "Type": "AWS-HMAC",
+                    "AccessKeyId": credentials["AccessKeyId"],
+                    "SecretAccessKey": credentials["SecretAccessKey"],
+                    "Token": credentials["SessionToken"],
+                    "Expiration": expires,
+                }
+                self.reply(200, json.dumps(answer))
+            else:
+                self.reply(404, "")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_instance_metadata_credentials(moto: AuthMoto, tmp_path: Path) -> None:
+    bucket = moto.bucket_with_repository()
+    with instance_metadata(moto.role_credentials()) as (url, asked):
+        env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": url}
+        result = sync(s3_url(moto.endpoint, bucket), env, tmp_path / "state")
+    assert tree(result.repository) == FILES
+    assert "PUT /latest/api/token" in asked and "GET /latest/meta-data/iam/security-credentials/edged-role" in asked
+
+
+def test_no_credentials_at_all_is_told(moto: AuthMoto, tmp_path: Path) -> None:
+    """Nothing configured: the client asks the instance metadata service, which a device does not have."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    failure = refused(
+        s3_url(moto.endpoint, moto.bucket_with_repository()),
+        {"AWS_EC2_METADATA_SERVICE_ENDPOINT": closed},
+        tmp_path / "state",
+    )
+    assert failure.problem is SourceProblem.CREDENTIALS and "AWS_ACCESS_KEY_ID" in str(failure), failure
+
+
 def private_ca(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
     """A CA of the test's own, in a PEM file, and a server context for 127.0.0.1 with a certificate it signed."""
     from cryptography import x509

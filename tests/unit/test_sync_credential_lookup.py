@@ -247,3 +247,16 @@ def test_an_endpoint_without_a_scheme_is_refused(env: dict[str, str]) -> None:
     """obstore panics on some of these (a BaseException, out of reach of `except Exception`)."""
     failure = problem(lambda: open_repository("s3://bucket/x", env))
     assert failure.problem is SourceProblem.BAD_URL and next(iter(env.values())) in str(failure)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"AWS_CA_BUNDLE": "ca.pem"}, {"AWS_CA_BUNDLE": "missing.pem"}, {"HTTPS_PROXY": "http://"}],
+    ids=["not-pem-certificate", "missing-bundle", "proxy-without-host"],
+)
+def test_client_settings_it_cannot_use_are_refused(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n")
+    env = {key: str(tmp_path / value) if key == "AWS_CA_BUNDLE" else value for key, value in env.items()}
+    keys = {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": SECRET}
+    failure = problem(lambda: open_repository("s3://https://minio.example:9000/bucket/x", env | keys))
+    assert failure.problem is SourceProblem.BAD_URL and SECRET not in str(failure), failure
