@@ -2,13 +2,14 @@
 
 What exists
     sources.py    Triton's repository URLs (``s3://bucket/prefix``, ``s3://host:port/bucket/prefix``,
-                  ``s3://https://host:port/...``, ``gs://bucket/prefix``), the proxy and endpoint variables, and a
+                  ``s3://https://host:port/...``, ``gs://bucket/prefix``), the endpoint variables, and a
                   ``RemoteRepository`` that lists (path, size, digest) and reads one object from an offset.
                   Failures are ``SyncError`` with a ``SourceProblem`` (unreachable, denied, not found, changed,
                   refused, verification failed) so that an operator can tell a wrong key from a dead endpoint.
     credentials.py  Credentials as Triton reads them (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, the per-path JSON
                   of TRITON_CLOUD_CREDENTIAL_PATH) and systemd's ``$CREDENTIALS_DIRECTORY``; temporary S3
                   credentials (web identity, container, instance metadata) are left to the client, which refreshes them.
+    proxies.py    The proxy for an endpoint, from HTTPS_PROXY / HTTP_PROXY / ALL_PROXY and NO_PROXY as curl reads them.
     plan.py       Pure functions: ``key_problem`` (every component of a remote key must be a valid folder-entry
                   name, the rule of edged.core.names: no ``..``, absolute path, NUL, backslash or control
                   character), ``check_listing`` (refuses the whole listing on one bad key, drops folder markers),

@@ -6,24 +6,23 @@ async and both are imported only when a source of their kind is opened, so a dev
 them. Credentials are found by edged.sync.credentials (Triton's variables and credential file, systemd's credentials)
 in a mapping the caller passes (the process environment by default).
 
-The environment also gives the network path: ``HTTPS_PROXY`` for https:// endpoints, ``HTTP_PROXY`` for http://
-ones (``ALL_PROXY`` for both, lower-case names too) unless ``NO_PROXY`` names the host, as curl decides; an S3
-endpoint from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` when the URL names none; a GCS emulator or private
-endpoint from ``STORAGE_EMULATOR_HOST`` (anonymous, unless credentials for the URL are configured).
+The environment also gives the network path: the proxy (edged.sync.proxies); an S3 endpoint from
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` when the URL names none, and a private CA in ``AWS_CA_BUNDLE``; a
+GCS emulator or private endpoint from ``STORAGE_EMULATOR_HOST`` (anonymous, unless credentials for the URL are
+configured).
 
-obstore reads the process environment's ``AWS_*`` variables as well: everything decided here is passed explicitly
-so that it wins, and static keys go through a credential provider, which no variable overrides.
+obstore reads the process environment's ``AWS_*`` variables as well (and gcloud-aio its Google ones): everything
+decided here is passed explicitly so that it wins, and static keys go through a credential provider, which no
+variable overrides.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import datetime
 import importlib.util
 import io
-import ipaddress
 import json
 import os
 import re
@@ -42,6 +41,7 @@ from edged.sync.credentials import (
 )
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import RemoteEntry
+from edged.sync.proxies import proxy_for
 
 if TYPE_CHECKING:
     import aiohttp
@@ -141,42 +141,6 @@ def open_repository(
         return S3Repository(source, environ, options, s3_credentials(url, environ))
     _require("gcloud.aio.storage", url)
     return GCSRepository(source, environ, options, gcs_credentials(url, environ))
-
-
-def proxy_for(endpoint: str, env: Mapping[str, str]) -> str | None:
-    """The proxy for requests to ``endpoint`` (a URL), as curl picks one from the environment."""
-    parts = urllib.parse.urlsplit(endpoint)
-    if _bypasses_proxy(parts.hostname or "", env.get("NO_PROXY") or env.get("no_proxy") or ""):
-        return None
-    scheme = "HTTPS" if parts.scheme == "https" else "HTTP"
-    for name in (f"{scheme}_PROXY", f"{scheme.lower()}_proxy", "ALL_PROXY", "all_proxy"):
-        if env.get(name):
-            proxy = env[name]
-            # curl's habit: a proxy without a scheme is an HTTP proxy.
-            return proxy if "://" in proxy else f"http://{proxy}"
-    return None
-
-
-def _bypasses_proxy(host: str, no_proxy: str) -> bool:
-    """curl's NO_PROXY: ``*``, a host name and its subdomains (a leading dot or not), an address, a CIDR block."""
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        address = None
-    for entry in (item.strip().lower() for item in no_proxy.split(",")):
-        if not entry:
-            continue
-        if entry == "*":
-            return True
-        if address is not None:
-            with contextlib.suppress(ValueError):
-                if address in ipaddress.ip_network(entry.strip("[]"), strict=False):
-                    return True
-            continue
-        name = entry.lstrip(".")
-        if host.lower() == name or host.lower().endswith("." + name):
-            return True
-    return False
 
 
 def _require(module: str, url: str) -> None:

@@ -17,7 +17,7 @@ from edged.sync.credentials import (
     s3_credentials,
     with_systemd_credentials,
 )
-from edged.sync.sources import proxy_for
+from edged.sync.proxies import proxy_for
 
 SECRET: Final = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 TRITON_EXAMPLE: Final = {
