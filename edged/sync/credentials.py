@@ -21,10 +21,11 @@ Where they come from, in this order:
     Triton's JSON file: ``{"s3": {PREFIX: {"key_id", "secret_key", "session_token", "region", "profile"}},
     "gs": {PREFIX: "service-account.json path"}, "as": {...}}``. The entry whose PREFIX is the longest one the
     repository URL starts with is used (a plain string prefix, as Triton matches it: ``""`` matches every URL).
-    As in Triton, when the variable is set the file alone decides for the URLs of a kind it names: a URL that
-    no entry matches has no credentials and is refused. An S3 entry without ``key_id`` and ``secret_key`` uses
-    its ``profile``, else the default chain below (environment, web identity, instance metadata); edged also
-    takes a ``gs`` entry that is the service-account JSON itself rather than its path.
+    As in Triton, when the variable is set the file alone decides: a URL that no entry matches (one of a kind
+    the file leaves out too) has no credentials and is refused. An S3 entry without ``key_id`` and
+    ``secret_key`` uses its ``profile``, else the default chain below (environment, web identity, instance
+    metadata); a ``gs`` entry ``""`` uses Google's default chain. edged also takes a ``gs`` entry that is the
+    service-account JSON itself rather than its path. ``as`` (Azure) entries are read by nobody.
 
 The environment
     ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION`` (or
