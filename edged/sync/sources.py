@@ -56,6 +56,7 @@ CHUNK_BYTES: Final = 256 << 10
 # Seconds; a device on a slow link needs long reads, a dead endpoint must still be noticed.
 CONNECT_TIMEOUT_S: Final = 10
 READ_TIMEOUT_S: Final = 60
+IDLE_CONNECTION_S: Final = 15
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,9 @@ class S3Repository:
             "allow_http": bool(endpoint and endpoint.startswith("http://")),
             "connect_timeout": datetime.timedelta(seconds=options.connect_timeout_s),
             "timeout": datetime.timedelta(seconds=options.read_timeout_s),
+            # A connection idle longer is not reused: NATs and proxies drop idle ones silently, and a request
+            # sent on such a connection waits for the read timeout (aiohttp's default for GCS is the same 15 s).
+            "pool_idle_timeout": datetime.timedelta(seconds=IDLE_CONNECTION_S),
         }
         proxy = proxy_for(endpoint or f"https://s3.{region}.amazonaws.com", env)
         if proxy:
