@@ -18,8 +18,10 @@ variable overrides.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import datetime
 import importlib.util
 import io
@@ -449,8 +451,13 @@ class GCSRepository:
             info = self._credentials.service_info
             service: Any = io.StringIO(json.dumps(info)) if info else self._credentials.service_file
             try:
+                token = None if self._anonymous else _one_attempt_token(service, session)
                 self._storage = Storage(
-                    service_file=service, session=session, api_root=self._api_root, api_is_dev=self._anonymous
+                    service_file=service,
+                    token=token,
+                    session=session,
+                    api_root=self._api_root,
+                    api_is_dev=self._anonymous,
                 )
             except Exception as exc:
                 # The key in the credentials is read here; its text never goes into the message.
@@ -497,10 +504,32 @@ class GCSRepository:
             raise _gcs_error(exc, f"{self.url}/{key}", self._api_root) from exc
 
     async def close(self) -> None:
+        # A token refresh gcloud-aio started ahead of expiry must not outlive the client (nor its failure go
+        # unread).
+        acquiring = getattr(self._storage.token, "acquiring", None) if self._storage else None
+        if isinstance(acquiring, asyncio.Task):
+            acquiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await acquiring
         # The session is edged's: gcloud-aio leaves a session it was given open.
         if self._session is not None:
             await self._session.close()
         self._storage = self._session = None
+
+
+def _one_attempt_token(service: Any, session: Any) -> Any:
+    """gcloud-aio's token, asked for once per need: gcloud-aio tries five times over up to a minute, and a refused
+    credential must be told at once (the sync loop retries whole runs)."""
+    from gcloud.aio.auth import Token
+    from gcloud.aio.storage.storage import SCOPES
+
+    class OneAttemptToken(Token):
+        async def acquire_access_token(self, timeout: int = 10) -> None:  # type: ignore[override]
+            # tenacity's stop condition, asked after each attempt: stop after the first.
+            once = Token.acquire_access_token.retry_with(stop=lambda _: True)
+            await once(self, timeout)
+
+    return OneAttemptToken(service_file=service, session=session, scopes=SCOPES)
 
 
 def _gcs_entry(item: Mapping[str, Any], prefix: str) -> RemoteEntry | None:
