@@ -471,45 +471,13 @@ def test_no_credentials_at_all_is_told(moto: AuthMoto, tmp_path: Path) -> None:
 
 def private_ca(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
     """A CA of the test's own, in a PEM file, and a server context for 127.0.0.1 with a certificate it signed."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    import trustme
 
-    now = datetime.datetime.now(datetime.UTC)
-
-    def certificate(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> x509.Certificate:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if not ca:
-            import ipaddress
-
-            names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = certificate("edged test CA", ca_key, "edged test CA", ca_key, ca=True)
-    server = certificate("127.0.0.1", server_key, "edged test CA", ca_key, ca=False)
+    ca = trustme.CA()
     bundle = tmp_path / "ca.pem"
-    bundle.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    chain = tmp_path / "server.pem"
-    chain.write_bytes(
-        server.public_bytes(serialization.Encoding.PEM)
-        + server_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    ca.cert_pem.write_to_path(str(bundle))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(chain)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
     return bundle, context
 
 
