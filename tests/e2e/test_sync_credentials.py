@@ -1,6 +1,7 @@
 """Credentials, proxies and failures of the sync clients against real endpoints: moto's S3 server with its IAM
 checks on (a wrong key is refused as AWS refuses it), the GCS emulator, an HTTP proxy that records what passes
-through it, and small HTTP endpoints that hand out credentials as ECS and Google's token endpoint do."""
+through it (also serving TLS behind a private CA), and small HTTP endpoints that hand out credentials as EKS, EC2's
+instance metadata and Google's token endpoint do."""
 
 from __future__ import annotations
 
