@@ -7,6 +7,12 @@ The modules
                   ``RemoteRepository`` that lists, reads from an offset, writes and deletes. Failures are
                   ``SyncError`` with a ``SourceProblem`` an operator can act on (unreachable, denied, wrong region,
                   not found, changed, refused, verification failed, untrusted, no space).
+    credentials.py  Credentials as Triton reads them (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, the per-path JSON
+                  of TRITON_CLOUD_CREDENTIAL_PATH) and systemd's ``$CREDENTIALS_DIRECTORY``; temporary S3
+                  credentials (web identity, container, instance metadata) are left to the client, which refreshes
+                  them.
+    proxies.py    The proxy for an endpoint, from HTTPS_PROXY / HTTP_PROXY / ALL_PROXY and NO_PROXY as curl reads
+                  them.
     plan.py       Pure: which keys may become paths (``key_problem``: the folder-entry rule of edged.core.names),
                   ``check_listing`` (one bad key refuses the revision), ``plan_delta`` (by digest and size).
     download.py   ``fetch``: a resumable, verified download into staging (Range from the partial file's end; size,
@@ -53,6 +59,8 @@ Known gaps
       delegated targets are refused.
     - A model's sequences are waited for after the switch, before its reload: a Python model instance restarted
       in that window reads the new files.
+    - A GCS read is not conditional on the listed generation (the MD5 check catches a replaced object, not one
+      without an MD5), and a partial download of an unsigned object without an MD5 is trusted by size.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ class SourceProblem(enum.Enum):
 
     BAD_URL = "bad repository URL"
     MISSING_CLIENT = "object-store client not installed"
+    CREDENTIALS = "credentials missing or malformed"
     UNREACHABLE = "endpoint unreachable"
     DENIED = "access denied (wrong or expired credentials, or no permission)"
     WRONG_REGION = "wrong region for the bucket"

@@ -3,34 +3,62 @@ repository, read one object from an offset).
 
 S3 (and S3-compatible endpoints) go through obstore, GCS through gcloud-aio-storage's JSON API client; both are
 async and both are imported only when a source of their kind is opened, so a device that syncs nothing does not load
-them. Credentials are read from the environment the way Triton reads them, from a mapping the caller passes (the
-process environment by default) so that nothing here depends on who else set what.
+them. Credentials are found by edged.sync.credentials (Triton's variables and credential file, systemd's credentials)
+in a mapping the caller passes (the process environment by default).
+
+The environment also gives the network path: the proxy (edged.sync.proxies); an S3 endpoint from
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` when the URL names none, and a private CA in ``AWS_CA_BUNDLE``; a
+GCS emulator or private endpoint from ``STORAGE_EMULATOR_HOST`` (anonymous, unless credentials for the URL are
+configured).
+
+obstore reads the process environment's ``AWS_*`` variables as well (and gcloud-aio its Google ones): everything
+decided here is passed explicitly so that it wins, and static keys go through a credential provider, which no
+variable overrides.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import datetime
 import importlib.util
+import io
+import json
 import os
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from edged.sync.credentials import (
+    GCSCredentials,
+    S3Credentials,
+    gcs_credentials,
+    s3_credentials,
+    with_systemd_credentials,
+)
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.plan import RemoteEntry
+from edged.sync.proxies import proxy_for
 
 if TYPE_CHECKING:
+    import aiohttp
     from gcloud.aio.storage import Storage
     from obstore.store import S3Store
 
+GCS_API_ROOT: Final = "https://storage.googleapis.com"
+# As the AWS SDKs and obstore: a bucket elsewhere answers with a redirect that names the wrong region.
+DEFAULT_REGION: Final = "us-east-1"
 # Read in pieces of this size: what a cut link loses is at most one piece, since each is on disk before the next.
 CHUNK_BYTES: Final = 256 << 10
 # Seconds; a device on a slow link needs long reads, a dead endpoint must still be noticed.
 CONNECT_TIMEOUT_S: Final = 10
 READ_TIMEOUT_S: Final = 60
+IDLE_CONNECTION_S: Final = 15
 
 
 @dataclass(frozen=True)
@@ -114,12 +142,12 @@ def open_repository(
     """A client for the repository at ``url`` with credentials from ``env`` (the process environment if None)."""
     options = options or ClientOptions()
     source = parse_repository_url(url)
-    environ = os.environ if env is None else env
+    environ = with_systemd_credentials(os.environ if env is None else env)
     if source.scheme == "s3":
         _require("obstore", url)
-        return S3Repository(source, environ, options)
+        return S3Repository(source, environ, options, s3_credentials(url, environ))
     _require("gcloud.aio.storage", url)
-    return GCSRepository(source, environ, options)
+    return GCSRepository(source, environ, options, gcs_credentials(url, environ))
 
 
 def _require(module: str, url: str) -> None:
@@ -144,49 +172,86 @@ def _relative(key: str, prefix: str) -> str | None:
 class S3Repository:
     """An S3 or S3-compatible repository, through obstore."""
 
-    def __init__(self, source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> None:
+    def __init__(
+        self, source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials
+    ) -> None:
         self._source = source
-        self._store = self._make_store(source, env, options)
+        self._region = credentials.region or DEFAULT_REGION
+        self._store = self._make_store(source, env, options, credentials)
 
     @property
     def url(self) -> str:
         return str(self._source)
 
     @staticmethod
-    def _make_store(source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> S3Store:
+    def _make_store(
+        source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials
+    ) -> S3Store:
         from obstore.store import S3Store
 
-        config: dict[str, Any] = {
-            "region": env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or "us-east-1",
-        }
-        for variable, key in (
-            ("AWS_ACCESS_KEY_ID", "access_key_id"),
-            ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
-            ("AWS_SESSION_TOKEN", "session_token"),
-        ):
-            if env.get(variable):
-                config[key] = env[variable]
-        if source.endpoint:
+        region = credentials.region or DEFAULT_REGION
+        config: dict[str, Any] = {"region": region, "default_region": region}
+        provider = None
+        if credentials.key_id:
+            static = {
+                "access_key_id": credentials.key_id,
+                "secret_access_key": credentials.secret_key,
+                "token": credentials.session_token,
+                "expires_at": None,
+            }
+
+            def provider() -> dict[str, Any]:
+                return static
+
+        else:
+            # Temporary credentials: obstore fetches them and refreshes them before they expire.
+            for key, variables in _S3_CHAIN.items():
+                found = next((name for name in variables if env.get(name)), None)
+                if found:
+                    config[key] = _checked_url(env[found], found) if key in _S3_URLS else env[found]
+        endpoint = source.endpoint
+        for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if not endpoint and env.get(variable):
+                endpoint = _checked_url(env[variable], variable)
+        if endpoint:
+            # Both keys: obstore prefers aws_endpoint_url_s3, which the process environment may set otherwise.
+            config["endpoint"] = config["aws_endpoint_url_s3"] = endpoint
             # S3-compatible servers (MinIO, Ceph, ...) are addressed by path; few serve virtual-hosted buckets.
-            config["endpoint"] = source.endpoint
-            config["virtual_hosted_style_request"] = False
+            config["virtual_hosted_style_request"] = (
+                source.endpoint is None and env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() == "true"
+            )
         client: dict[str, Any] = {
-            "allow_http": bool(source.endpoint and source.endpoint.startswith("http://")),
+            "allow_http": bool(endpoint and endpoint.startswith("http://")),
             "connect_timeout": datetime.timedelta(seconds=options.connect_timeout_s),
             "timeout": datetime.timedelta(seconds=options.read_timeout_s),
+            # A connection idle longer is not reused: NATs and proxies drop idle ones silently, and a request
+            # sent on such a connection waits for the read timeout (aiohttp's default for GCS is the same 15 s).
+            "pool_idle_timeout": datetime.timedelta(seconds=IDLE_CONNECTION_S),
         }
-        proxy = env.get("HTTPS_PROXY") or env.get("https_proxy")
+        proxy = proxy_for(endpoint or f"https://s3.{region}.amazonaws.com", env)
         if proxy:
             client["proxy_url"] = proxy
+        if env.get("AWS_CA_BUNDLE"):
+            # A private CA (MinIO, Ceph, an STS endpoint inside the network): trusted on top of the system's.
+            client["root_certificate"] = _read_bundle(env["AWS_CA_BUNDLE"])
         # obstore's own retries are kept short: the sync loop retries whole runs, and a run resumes its downloads.
         retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=options.read_timeout_s)}
-        return S3Store(
-            source.bucket,
-            prefix=source.prefix or None,
-            config=config,  # type: ignore[arg-type]
-            client_options=client,  # type: ignore[arg-type]
-            retry_config=retry,  # type: ignore[arg-type]
-        )
+        try:
+            return S3Store(
+                source.bucket,
+                prefix=source.prefix or None,
+                config=config,  # type: ignore[arg-type]
+                client_options=client,  # type: ignore[arg-type]
+                retry_config=retry,  # type: ignore[arg-type]
+                credential_provider=provider,  # type: ignore[arg-type]
+            )
+        except Exception as exc:
+            # obstore builds its HTTP client here: a certificate or proxy it cannot use fails now.
+            text = str(exc).split("\n", 1)[0]
+            raise SyncError(
+                SourceProblem.BAD_URL,
+                f"{source}: the S3 client refused its settings ({text}): check AWS_CA_BUNDLE and the proxy variables",
+            ) from None
 
     async def list(self) -> list[RemoteEntry]:
         import obstore
@@ -199,7 +264,7 @@ class S3Repository:
                     digest = f"md5:{etag}" if _MD5_HEX.fullmatch(etag) else f"etag:{etag}"
                     entries.append(RemoteEntry(meta["path"], meta["size"], digest, meta["e_tag"]))
         except Exception as exc:
-            raise _s3_error(exc, self.url) from exc
+            raise _s3_error(exc, self.url, self._region) from exc
         return entries
 
     async def read(self, entry: RemoteEntry, start: int) -> AsyncIterator[bytes]:
@@ -215,7 +280,7 @@ class S3Repository:
             async for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
                 yield bytes(chunk)
         except Exception as exc:
-            raise _s3_error(exc, f"{self.url}/{entry.path}") from exc
+            raise _s3_error(exc, f"{self.url}/{entry.path}", self._region) from exc
 
     async def write(self, key: str, data: bytes) -> None:
         import obstore
@@ -223,7 +288,7 @@ class S3Repository:
         try:
             await obstore.put_async(self._store, key, data)
         except Exception as exc:
-            raise _s3_error(exc, f"{self.url}/{key}") from exc
+            raise _s3_error(exc, f"{self.url}/{key}", self._region) from exc
 
     async def delete(self, key: str) -> None:
         import obstore
@@ -235,6 +300,48 @@ class S3Repository:
 
     async def close(self) -> None:
         """obstore's client holds no connection that needs closing."""
+
+
+# What obstore uses when no static key is given, by its config key: temporary credentials from web identity (EKS,
+# GitHub OIDC, ...), from ECS and EKS container endpoints or from EC2 instance metadata, tried in this order, or
+# unsigned requests to a public bucket (AWS_SKIP_SIGNATURE).
+# The AWS SDKs' names come first where obstore reads another one.
+_S3_CHAIN: Final = {
+    "web_identity_token_file": ("AWS_WEB_IDENTITY_TOKEN_FILE",),
+    "role_arn": ("AWS_ROLE_ARN",),
+    "role_session_name": ("AWS_ROLE_SESSION_NAME",),
+    "aws_endpoint_url_sts": ("AWS_ENDPOINT_URL_STS", "AWS_STS_ENDPOINT"),
+    "container_credentials_relative_uri": ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",),
+    "container_credentials_full_uri": ("AWS_CONTAINER_CREDENTIALS_FULL_URI",),
+    "container_authorization_token_file": ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",),
+    "metadata_endpoint": ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "AWS_METADATA_ENDPOINT"),
+    "imdsv1_fallback": ("AWS_IMDSV1_FALLBACK",),
+    "skip_signature": ("AWS_SKIP_SIGNATURE",),
+}
+
+
+def _read_bundle(path: str) -> str:
+    try:
+        bundle = Path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SyncError(SourceProblem.BAD_URL, f"AWS_CA_BUNDLE {path} cannot be read: {type(exc).__name__}") from None
+    if "-----BEGIN CERTIFICATE-----" not in bundle:
+        raise SyncError(SourceProblem.BAD_URL, f"AWS_CA_BUNDLE {path} holds no PEM certificate")
+    return bundle
+
+
+# These are URLs: obstore panics on some malformed ones rather than failing, so they are checked first.
+_S3_URLS: Final = frozenset({"aws_endpoint_url_sts", "container_credentials_full_uri", "metadata_endpoint"})
+
+
+def _checked_url(value: str, variable: str) -> str:
+    try:
+        parts = urllib.parse.urlsplit(value)
+    except ValueError:
+        parts = urllib.parse.urlsplit("")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SyncError(SourceProblem.BAD_URL, f"{variable} '{value}' is not an http:// or https:// URL")
+    return value
 
 
 # S3's error codes (the <Code> of its XML error body) by what an operator has to fix.
@@ -260,24 +367,36 @@ _S3_STATUS: Final = {
 }
 
 
-def _s3_error(exc: Exception, where: str) -> SyncError:
+def _s3_error(exc: Exception, where: str, region: str = DEFAULT_REGION) -> SyncError:
     from obstore import exceptions
 
     full = str(exc)
-    text = full.split("\n", 1)[0]
+    # obstore's first line, without the XML body it appends (read apart below) and without its "Generic S3 error".
+    text = full.split("\n", 1)[0].split(": <?xml", 1)[0].removeprefix("Generic S3 error: ")
     code = re.search(r"<Code>(\w+)</Code>", full)
+    said = re.search(r"<Message>([^<]*)</Message>", full)
     status = re.search(r"status code: (\d{3})", full)
     if isinstance(exc, exceptions.InvalidPathError):
         problem = SourceProblem.REFUSED
     elif code and code[1] in _S3_CODES:
         problem = _S3_CODES[code[1]]
-        text = f"{code[1]}: {text}"
+        text = f"{code[1]}: {said[1] if said else text}"
     elif isinstance(exc, (exceptions.NotFoundError, FileNotFoundError)):
         problem = SourceProblem.NOT_FOUND
     elif isinstance(exc, (exceptions.PermissionDeniedError, exceptions.UnauthenticatedError, PermissionError)):
         problem = SourceProblem.DENIED
     elif isinstance(exc, exceptions.PreconditionError):
         problem = SourceProblem.CHANGED
+    elif any(sign in full for sign in ("/latest/api/token", "/latest/meta-data/")):
+        # No key was configured, so the client asked the EC2 instance metadata service, which is not there.
+        problem = SourceProblem.CREDENTIALS
+        text = (
+            "no credentials: none configured (AWS_ACCESS_KEY_ID, TRITON_CLOUD_CREDENTIAL_PATH, systemd credentials,"
+            f" web identity, container) and the instance metadata service failed: {text}"
+        )
+    elif "incorrectly configured region" in full:
+        # S3's answer to a request sent to another region than the bucket's: a 301 without a Location.
+        problem = SourceProblem.WRONG_REGION
     elif status and int(status[1]) in _S3_STATUS:
         problem = _S3_STATUS[int(status[1])]
     elif isinstance(exc, (ConnectionError, TimeoutError)) or any(
@@ -295,35 +414,75 @@ def _s3_error(exc: Exception, where: str) -> SyncError:
         problem = SourceProblem.UNREACHABLE
     else:
         problem = SourceProblem.OTHER
+    if problem is SourceProblem.WRONG_REGION:
+        text += (
+            f' (edged asked in region {region}: set AWS_DEFAULT_REGION, or the entry\'s "region" in'
+            " TRITON_CLOUD_CREDENTIAL_PATH, to the bucket's)"
+        )
     return SyncError(problem, f"{where}: {text}")
 
 
 class GCSRepository:
     """A GCS repository, through the JSON API (which the GCS emulators speak too)."""
 
-    def __init__(self, source: SourceURL, env: Mapping[str, str], options: ClientOptions) -> None:
+    def __init__(
+        self, source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: GCSCredentials
+    ) -> None:
         self._source = source
-        # gcloud-aio takes whole seconds.
-        self._timeout = max(1, round(options.read_timeout_s))
+        self._options = options
         emulator = env.get("STORAGE_EMULATOR_HOST")
         if emulator and "://" not in emulator:
             emulator = f"http://{emulator}"
-        self._api_root = emulator or None
-        self._service_file = env.get("GOOGLE_APPLICATION_CREDENTIALS") or None
+        # Always explicit: gcloud-aio would read STORAGE_EMULATOR_HOST from the process environment otherwise.
+        self._api_root = emulator or GCS_API_ROOT
+        self._credentials = credentials
+        # An emulator takes anonymous requests; a private endpoint named the same way wants tokens.
+        self._anonymous = bool(emulator) and not (credentials.service_file or credentials.service_info)
+        self._proxy = proxy_for(self._api_root, env)
         self._storage: Storage | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
         return str(self._source)
 
+    @property
+    def _timeout(self) -> Any:
+        """Per request: connecting, and each read of the body, so that a stalled link ends the request."""
+        import aiohttp
+
+        return aiohttp.ClientTimeout(
+            total=None,
+            connect=self._options.connect_timeout_s,
+            sock_connect=self._options.connect_timeout_s,
+            sock_read=self._options.read_timeout_s,
+        )
+
     def _client(self) -> Storage:
         # Built on first use: the client opens an aiohttp session, which belongs to the running event loop.
         if self._storage is None:
+            import aiohttp
             from gcloud.aio.storage import Storage
 
-            self._storage = Storage(
-                service_file=self._service_file, api_root=self._api_root, api_is_dev=bool(self._api_root)
-            )
+            # Token requests share the session, and so its proxy.
+            session: Any = aiohttp.ClientSession(proxy=self._proxy, timeout=self._timeout)
+            self._session = session
+            info = self._credentials.service_info
+            service: Any = io.StringIO(json.dumps(info)) if info else self._credentials.service_file
+            try:
+                token = None if self._anonymous else _one_attempt_token(service, session)
+                self._storage = Storage(
+                    service_file=service,
+                    token=token,
+                    session=session,
+                    api_root=self._api_root,
+                    api_is_dev=self._anonymous,
+                )
+            except Exception as exc:
+                # The key in the credentials is read here; its text never goes into the message.
+                raise SyncError(
+                    SourceProblem.CREDENTIALS, f"{self.url}: the Google credential is unusable ({type(exc).__name__})"
+                ) from None
         return self._storage
 
     async def list(self) -> list[RemoteEntry]:
@@ -342,7 +501,7 @@ class GCSRepository:
                     return entries
                 params["pageToken"] = token
         except Exception as exc:
-            raise _gcs_error(exc, self.url) from exc
+            raise _gcs_error(exc, self.url, self._api_root) from exc
 
     async def read(self, entry: RemoteEntry, start: int) -> AsyncIterator[bytes]:
         name = f"{self._source.prefix}/{entry.path}" if self._source.prefix else entry.path
@@ -354,7 +513,7 @@ class GCSRepository:
             while chunk := await stream.read(CHUNK_BYTES):
                 yield chunk
         except Exception as exc:
-            raise _gcs_error(exc, f"{self.url}/{entry.path}") from exc
+            raise _gcs_error(exc, f"{self.url}/{entry.path}", self._api_root) from exc
 
     async def write(self, key: str, data: bytes) -> None:
         name = f"{self._source.prefix}/{key}" if self._source.prefix else key
@@ -364,19 +523,42 @@ class GCSRepository:
                 self._source.bucket, name, data, content_type="application/octet-stream", timeout=self._timeout
             )
         except Exception as exc:
-            raise _gcs_error(exc, f"{self.url}/{key}") from exc
+            raise _gcs_error(exc, f"{self.url}/{key}", self._api_root) from exc
 
     async def delete(self, key: str) -> None:
         name = f"{self._source.prefix}/{key}" if self._source.prefix else key
         try:
             await self._client().delete(self._source.bucket, name, timeout=self._timeout)
         except Exception as exc:
-            raise _gcs_error(exc, f"{self.url}/{key}") from exc
+            raise _gcs_error(exc, f"{self.url}/{key}", self._api_root) from exc
 
     async def close(self) -> None:
-        if self._storage is not None:
-            await self._storage.close()
-            self._storage = None
+        # A token refresh gcloud-aio started ahead of expiry must not outlive the client (nor its failure go
+        # unread).
+        acquiring = getattr(self._storage.token, "acquiring", None) if self._storage else None
+        if isinstance(acquiring, asyncio.Task):
+            acquiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await acquiring
+        # The session is edged's: gcloud-aio leaves a session it was given open.
+        if self._session is not None:
+            await self._session.close()
+        self._storage = self._session = None
+
+
+def _one_attempt_token(service: Any, session: Any) -> Any:
+    """gcloud-aio's token, asked for once per need: gcloud-aio tries five times over up to a minute, and a refused
+    credential must be told at once (the sync loop retries whole runs)."""
+    from gcloud.aio.auth import Token
+    from gcloud.aio.storage.storage import SCOPES
+
+    class OneAttemptToken(Token):
+        async def acquire_access_token(self, timeout: int = 10) -> None:  # type: ignore[override]
+            # tenacity's stop condition, asked after each attempt: stop after the first.
+            once = Token.acquire_access_token.retry_with(stop=lambda _: True)
+            await once(self, timeout)
+
+    return OneAttemptToken(service_file=service, session=session, scopes=SCOPES)
 
 
 def _gcs_entry(item: Mapping[str, Any], prefix: str) -> RemoteEntry | None:
@@ -400,10 +582,20 @@ def _gcs_entry(item: Mapping[str, Any], prefix: str) -> RemoteEntry | None:
     return RemoteEntry(path, size, digest, str(generation) if generation else None)
 
 
-def _gcs_error(exc: Exception, where: str) -> SyncError:
+def _gcs_error(exc: Exception, where: str, api_root: str) -> SyncError:
     import aiohttp
 
+    if isinstance(exc, SyncError):
+        return exc
     if isinstance(exc, aiohttp.ClientResponseError):
+        asked = exc.request_info.real_url
+        if not str(asked).startswith(api_root) and exc.status in (400, 401, 403):
+            # The token endpoint (or the metadata server) refused the credential: Google answers an unknown or
+            # revoked key with 400 invalid_grant.
+            endpoint = asked.with_query(None).with_fragment(None)
+            return SyncError(
+                SourceProblem.DENIED, f"{where}: {endpoint} refused the credential: HTTP {exc.status} {exc.message}"
+            )
         problem = {
             401: SourceProblem.DENIED,
             403: SourceProblem.DENIED,

@@ -329,7 +329,7 @@ def test_publish_from_the_command_line(moto_port: int, tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            check=None,
+            check=False,
         )
 
     made = edged("keygen", str(tmp_path / "keys"))
