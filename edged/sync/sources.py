@@ -29,10 +29,10 @@ import json
 import os
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from edged.sync.credentials import (
     GCSCredentials,
@@ -58,13 +58,17 @@ CHUNK_BYTES: Final = 256 << 10
 # Seconds; a device on a slow link needs long reads, a dead endpoint must still be noticed.
 CONNECT_TIMEOUT_S: Final = 10
 READ_TIMEOUT_S: Final = 60
+T = TypeVar("T")
+# How long one S3 download may last in all: a day, so that only a stall (READ_TIMEOUT_S without data) ends it.
+BODY_REQUEST_S: Final = 86400.0
 IDLE_CONNECTION_S: Final = 15
 
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """How patient a client is: ``connect_timeout_s`` to open a connection, ``read_timeout_s`` for one request
-    (S3) or between two reads of a body (GCS), so that a stalled link is given up and the next run resumes."""
+    """How patient a client is: ``connect_timeout_s`` to open a connection, ``read_timeout_s`` for a request that
+    is not a download, and, in a download, between two pieces of its body: a stalled link is given up and the
+    next run resumes, a slow one that keeps moving is not."""
 
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     read_timeout_s: float = READ_TIMEOUT_S
@@ -177,7 +181,11 @@ class S3Repository:
     ) -> None:
         self._source = source
         self._region = credentials.region or DEFAULT_REGION
-        self._store = self._make_store(source, env, options, credentials)
+        self._idle_s = options.read_timeout_s
+        # obstore's timeout bounds a whole request, body included: a slow download that keeps moving would be cut
+        # at the read timeout and finish only over several runs. So the client's is long, and each request here
+        # is bounded by the read timeout itself, a download's body by the time between two of its pieces.
+        self._store = self._make_store(source, env, options, credentials, BODY_REQUEST_S)
 
     @property
     def url(self) -> str:
@@ -185,7 +193,7 @@ class S3Repository:
 
     @staticmethod
     def _make_store(
-        source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials
+        source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials, request_s: float
     ) -> S3Store:
         from obstore.store import S3Store
 
@@ -223,7 +231,7 @@ class S3Repository:
         client: dict[str, Any] = {
             "allow_http": bool(endpoint and endpoint.startswith("http://")),
             "connect_timeout": datetime.timedelta(seconds=options.connect_timeout_s),
-            "timeout": datetime.timedelta(seconds=options.read_timeout_s),
+            "timeout": datetime.timedelta(seconds=request_s),
             # A connection idle longer is not reused: NATs and proxies drop idle ones silently, and a request
             # sent on such a connection waits for the read timeout (aiohttp's default for GCS is the same 15 s).
             "pool_idle_timeout": datetime.timedelta(seconds=IDLE_CONNECTION_S),
@@ -258,14 +266,26 @@ class S3Repository:
 
         entries: list[RemoteEntry] = []
         try:
-            async for batch in obstore.list(self._store, chunk_size=1000):
+            pages = aiter(obstore.list(self._store, chunk_size=1000))
+            while (batch := await self._within(anext(pages, None))) is not None:
                 for meta in batch:
                     etag = (meta["e_tag"] or "").strip('"')
                     digest = f"md5:{etag}" if _MD5_HEX.fullmatch(etag) else f"etag:{etag}"
                     entries.append(RemoteEntry(meta["path"], meta["size"], digest, meta["e_tag"]))
+        except SyncError:
+            raise
         except Exception as exc:
             raise _s3_error(exc, self.url, self._region) from exc
         return entries
+
+    async def _within(self, step: Awaitable[T]) -> T:
+        """``step``, or SyncError(UNREACHABLE) when it takes longer than the read timeout (a stalled link)."""
+        try:
+            return await asyncio.wait_for(step, self._idle_s)
+        except TimeoutError:
+            raise SyncError(
+                SourceProblem.UNREACHABLE, f"{self.url}: no answer for {self._idle_s:g} s (the link stalled)"
+            ) from None
 
     async def read(self, entry: RemoteEntry, start: int) -> AsyncIterator[bytes]:
         import obstore
@@ -276,9 +296,14 @@ class S3Repository:
         if entry.version:
             options["if_match"] = entry.version
         try:
-            result = await obstore.get_async(self._store, entry.path, options=options)  # type: ignore[arg-type]
-            async for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
+            result = await self._within(
+                obstore.get_async(self._store, entry.path, options=options)  # type: ignore[arg-type]
+            )
+            chunks = aiter(result.stream(min_chunk_size=CHUNK_BYTES))
+            while (chunk := await self._within(anext(chunks, None))) is not None:
                 yield bytes(chunk)
+        except SyncError:
+            raise
         except Exception as exc:
             raise _s3_error(exc, f"{self.url}/{entry.path}", self._region) from exc
 
@@ -286,7 +311,9 @@ class S3Repository:
         import obstore
 
         try:
-            await obstore.put_async(self._store, key, data)
+            await self._within(obstore.put_async(self._store, key, data))
+        except SyncError:
+            raise
         except Exception as exc:
             raise _s3_error(exc, f"{self.url}/{key}", self._region) from exc
 
@@ -294,7 +321,9 @@ class S3Repository:
         import obstore
 
         try:
-            await obstore.delete_async(self._store, key)
+            await self._within(obstore.delete_async(self._store, key))
+        except SyncError:
+            raise
         except Exception as exc:
             raise _s3_error(exc, f"{self.url}/{key}") from exc
 
