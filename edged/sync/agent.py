@@ -20,10 +20,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from edged.core.repository.manager import VersionsUnavailable
+from edged.core.repository.scan import ModelSource
+from edged.errors import EdgedError
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.fleet import channel_url
 from edged.sync.paths import source_id
-from edged.sync.probation import ProbationLimits, apply, changed_models
+from edged.sync.plan import changed_models
+from edged.sync.probation import ProbationLimits, apply
 from edged.sync.runner import RunOptions, SyncResult, Verifier, sync_once
 from edged.sync.snapshots import SnapshotStore
 from edged.sync.sources import ClientOptions, RemoteRepository, open_repository
@@ -197,7 +201,9 @@ class RepositorySync:
         async with source.lock:
             began = time.monotonic()
             source.phase, source.progress = "syncing", Progress()
-            options = RunOptions(self._settings.max_rate, source.held_back, progress=source.progress)
+            options = RunOptions(
+                self._settings.max_rate, source.held_back, progress=source.progress, validate=self._validate
+            )
             try:
                 result = await sync_once(source.remote, source.state_dir, source.verifier, options)
             except SyncError as error:
@@ -253,6 +259,13 @@ class RepositorySync:
             f"{len(result.downloaded)} files downloaded, {len(result.linked)} unchanged, {len(result.removed)} removed"
             + ("" if result.signed else " (unsigned source)")
         )
+        if result.refused:
+            reason = "; ".join(f"model '{name}': {why}" for name, why in sorted(result.refused.items()))
+            message += f"; refused before the switch, keeping their files: {reason}"
+            source.held_back = source.held_back | {result.remote_revision}
+            await self._set_verdict(source, result.remote_revision, "bad", reason)
+            for name in result.refused:
+                self._observer.rollback(source.url, name)
         run = await self._record(
             source,
             "updated",
@@ -266,9 +279,9 @@ class RepositorySync:
         )
         self._show_revision(source)
         # After the run's answer (the API's "now" returns with it), before any other run: the lock is fair.
-        models = changed_models((*result.downloaded, *result.removed))
+        models = changed_models((*result.downloaded, *result.removed)) - set(result.refused)
         source.phase = "probation"
-        task = asyncio.get_running_loop().create_task(self._held_probation(source, result.revision, models))
+        task = asyncio.get_running_loop().create_task(self._held_probation(source, result.remote_revision, models))
         self._probations.add(task)
         task.add_done_callback(self._probations.discard)
         return run
@@ -307,7 +320,8 @@ class RepositorySync:
         assert current is not None
         if not failed:
             source.store.mark_good(current)
-            await self._set_verdict(source, revision, "good", "")
+            if revision not in source.held_back:  # models of it were refused: it stays bad, what serves is good
+                await self._set_verdict(source, revision, "good", "")
             await self._record(
                 source,
                 "committed",
@@ -386,6 +400,22 @@ class RepositorySync:
                 log.exception("the sync run of %s was not recorded", source.url)
         source.last_run = run
         return run
+
+    def _validate(self, repository: Path, models: frozenset[str]) -> dict[str, str]:
+        """Before a switch (in a worker thread): the changed models whose new config cannot be served, as ``edged
+        check-repo`` reads it (parsed, completed, its versions found), without loading anything."""
+        problems: dict[str, str] = {}
+        for name in sorted(models):
+            folder = repository / name
+            if not folder.is_dir():
+                continue  # removed by the revision
+            try:
+                self._manager.read_config(ModelSource(name, folder, repository))
+            except VersionsUnavailable as error:
+                problems[name] = error.error.message
+            except EdgedError as error:
+                problems[name] = error.message
+        return problems
 
     async def _report(self, source: _Source) -> None:
         """Write this device's status next to the repository, for ``edged fleet status``; a failure to write it is

@@ -141,3 +141,8 @@ def plan_delta(remote: Sequence[RemoteEntry], current: Mapping[str, LocalEntry])
 
 def _same_content(local: LocalEntry, remote: RemoteEntry) -> bool:
     return remote.digest in (local.digest, f"sha256:{local.sha256}")
+
+
+def changed_models(paths: Iterable[str]) -> set[str]:
+    """The model folders a set of changed repository paths belongs to."""
+    return {path.partition("/")[0] for path in paths if path}

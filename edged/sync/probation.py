@@ -36,11 +36,6 @@ class ProbationLimits:
     sequence_wait_s: float = 60.0
 
 
-def changed_models(paths: Iterable[str]) -> set[str]:
-    """The model folders that changed, from the repository-relative paths of changed files."""
-    return {path.partition("/")[0] for path in paths if path}
-
-
 async def wait_for_sequences(manager: ModelRepositoryManager, names: Iterable[str], wait_s: float) -> None:
     """Wait (up to ``wait_s``) until none of ``names`` has a live sequence: a sequence keeps its state in the
     version serving it, so swapping the version would cut it."""

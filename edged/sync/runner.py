@@ -7,14 +7,14 @@ import dataclasses
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 from edged.sync.download import Fetched, fetch
 from edged.sync.errors import SourceProblem, SyncError
-from edged.sync.plan import ListingRefused, Plan, RemoteEntry, check_listing, plan_delta
+from edged.sync.plan import ListingRefused, Plan, RemoteEntry, changed_models, check_listing, plan_delta
 from edged.sync.snapshots import SnapshotStore
 from edged.sync.transfer import Progress, Throttle
 
@@ -98,6 +98,9 @@ class RunOptions:
     held_back: frozenset[str] = frozenset()
     reserve_bytes: int = 64 << 20
     progress: Progress | None = None
+    # Checks the changed models of a built snapshot before the switch (the repository, their names) and returns
+    # the ones that cannot be served, with why: they keep the files they had, the others switch.
+    validate: Callable[[Path, frozenset[str]], Mapping[str, str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,10 @@ class SyncResult:
     signed: bool = False
     # The remote's revision when it was held back (it failed its probation before); nothing changed locally.
     held_back: str | None = None
+    # The remote's revision (``revision`` is the local snapshot's, which differs when models were refused).
+    remote_revision: str = ""
+    # Changed models the validation refused before the switch, with why: they kept their files.
+    refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -162,6 +169,7 @@ async def sync_once(
                 0.0,
                 found.signed,
                 held,
+                plan.revision,
             )
         _check_space(store, plan, options.reserve_bytes)
         log.info(
@@ -181,6 +189,19 @@ async def sync_once(
         sha256 = {path: done.sha256 for path, done in fetched.items()}
         transferred = sum(done.transferred for done in fetched.values())
         snapshot = store.build(plan, current, sha256)
+        refused: Mapping[str, str] = {}
+        if options.validate is not None:
+            changed = frozenset(changed_models((*sha256, *plan.remove)))
+            refused = await asyncio.to_thread(options.validate, snapshot.repository, changed)
+            if refused:
+                # The refused models keep what serves now; the snapshot with their new files is never served.
+                log.error(
+                    "revision %s of %s: %s",
+                    plan.revision,
+                    source.url,
+                    "; ".join(f"model '{name}' is refused: {why}" for name, why in sorted(refused.items())),
+                )
+                snapshot = store.build_mixed(snapshot, current, refused, f"{plan.revision}~partial")
         store.switch(snapshot)
         store.collect_garbage()
         result = SyncResult(
@@ -194,6 +215,8 @@ async def sync_once(
             bytes_transferred=transferred,
             seconds=time.monotonic() - began,
             signed=found.signed,
+            remote_revision=plan.revision,
+            refused=refused,
         )
         log.info(
             "synced %s: revision %s serving (%d files downloaded, %d bytes, %.1f s)",

@@ -208,27 +208,27 @@ def test_an_unreachable_bucket_at_boot_serves_the_last_snapshot(
             assert done.returncode == 0 and "last error" in done.stdout, done
 
 
-def test_a_model_that_fails_its_probation_is_rolled_back_and_its_revision_held_back(
+def test_a_model_whose_new_config_is_refused_keeps_serving_and_its_revision_is_held_back(
     bucket: Bucket, published: dict[str, bytes]
 ) -> None:
     with run_server([bucket.url()], *sync_flags()) as server:
         wait_until("the first revision is committed", lambda: ready(server, "add_sub") and committed(server))
-        good = status(server)["sources"][0]["revision"]
-        # The new revision changes two models: add_sub well, add_sub_int32 with a config that cannot load.
+        # The new revision changes two models: add_sub well, add_sub_int32 with a config that cannot be served.
         bucket.put("add_sub/config.pbtxt", config_with_batch(published, "add_sub", 4))
         bucket.put("add_sub_int32/config.pbtxt", b'name: "add_sub_int32"\nbackend: "onnxruntime"\nmax_batch_size: -3\n')
         (run,) = sync_now(server)
-        assert run["outcome"] == "updated", run
+        assert run["outcome"] == "updated" and "refused before the switch" in run["message"], run
+        assert "add_sub_int32" in run["message"] and "max_batch_size" in run["message"], run
         wait_until("the probation ends", lambda: status(server)["sources"][0]["phase"] == "idle")
         (source,) = status(server)["sources"]
-        bad = run["revision"]
-        assert source["held_back"] == [bad] and source["revision"] == f"{bad}~rollback", source
-        # The model that passed keeps its new files, the one that failed serves its last known good ones.
+        bad = source["held_back"][0]
+        assert source["held_back"] == [bad] and source["revision"] == f"{bad}~partial", source
+        assert source["good_revision"] == source["revision"], source
+        # The model that passed has its new files; the refused one never stopped serving its old ones.
         assert max_batch_size(server, "add_sub") == 4
         assert ready(server, "add_sub_int32") and max_batch_size(server, "add_sub_int32") == 8
-        history = request(server.http_url, "GET", "/v2/edged/sync/history").json()["runs"]
-        assert history[0]["outcome"] == "rolled-back" and "add_sub_int32" in history[0]["message"], history[0]
-        assert good != bad
+        events = request(server.http_url, "GET", "/v2/edged/models/add_sub_int32/history").json()["events"]
+        assert not any(event["source"] == "sync" and event["state"] == "UNLOADING" for event in events), events
 
         (again,) = sync_now(server)
         assert again["outcome"] == "held-back" and again["bytes"] == 0, again
