@@ -412,3 +412,37 @@ def test_a_signed_repository_is_verified_and_a_tampered_file_refused(bucket: Buc
 
 def tree_of(root: Path) -> dict[str, bytes]:
     return {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+
+
+SEQUENCE_MODEL: Final = REPO_ROOT / "tests" / "testdata" / "python_models" / "simple_sequence"
+
+
+def test_a_model_with_a_live_sequence_is_swapped_when_it_ends(bucket: Bucket) -> None:
+    files = {
+        f"simple_sequence/{path.relative_to(SEQUENCE_MODEL)}": path.read_bytes()
+        for path in SEQUENCE_MODEL.rglob("*")
+        if path.is_file()
+    }
+    bucket.put_tree(files)
+    with run_server([bucket.url()], *sync_flags("--sync-sequence-wait-secs", "30")) as server:
+        wait_until("simple_sequence is committed", lambda: ready(server, "simple_sequence") and committed(server))
+        client = httpclient.InferenceServerClient(server.http_url)
+
+        def send(value: int, **flags: bool) -> None:
+            tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            client.infer("simple_sequence", [tensor], sequence_id=42, **flags)
+
+        send(1, sequence_start=True)
+        config = files["simple_sequence/config.pbtxt"]
+        bucket.put("simple_sequence/config.pbtxt", config.replace(b"max_batch_size: 8", b"max_batch_size: 4"))
+        (run,) = sync_now(server)
+        assert run["outcome"] == "updated", run
+        # The sequence is live (it is kept alive below its 5 s idle limit): the old version keeps serving it.
+        for value in (2, 3, 4):
+            time.sleep(1.0)
+            send(value)
+            assert max_batch_size(server, "simple_sequence") == 8
+        send(5, sequence_end=True)
+        wait_until("the swap once the sequence ended", lambda: max_batch_size(server, "simple_sequence") == 4)
+        assert "waiting up to 30 s for the live sequences of simple_sequence" in server.log()
