@@ -14,7 +14,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +59,15 @@ class SyncSettings:
     report_status: bool = False
     probation: ProbationLimits = field(default_factory=ProbationLimits)
     client: ClientOptions = field(default_factory=ClientOptions)
+
+
+def next_delay(interval_s: float, failures: int, uniform: Callable[[float, float], float] = random.uniform) -> float:
+    """Seconds until the next run: the interval give or take JITTER; after ``failures`` failed runs in a row,
+    exponential backoff from FIRST_RETRY_S up to the interval, with full jitter over its upper half (so that devices
+    that lost the bucket together do not come back together)."""
+    if failures:
+        return min(interval_s, FIRST_RETRY_S * float(2 ** (failures - 1))) * uniform(0.5, 1.0)
+    return interval_s * uniform(1 - JITTER, 1 + JITTER)
 
 
 @dataclass
@@ -222,12 +231,7 @@ class RepositorySync:
             return run
 
     def _schedule(self, source: _Source) -> None:
-        interval = self._settings.interval_s
-        if source.failures:
-            delay = min(interval, FIRST_RETRY_S * 2 ** (source.failures - 1)) * random.uniform(0.5, 1.0)
-        else:
-            delay = interval * random.uniform(1 - JITTER, 1 + JITTER)
-        source.due = time.monotonic() + delay
+        source.due = time.monotonic() + next_delay(self._settings.interval_s, source.failures)
 
     async def _failed(self, source: _Source, error: SyncError, seconds: float) -> SyncRunRecord:
         source.failures += 1
