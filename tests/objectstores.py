@@ -113,6 +113,14 @@ class S3Bucket:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.name, Key=key)
 
+    def get(self, key: str) -> bytes:
+        body: bytes = self.client.get_object(Bucket=self.name, Key=key)["Body"].read()
+        return body
+
+    def names(self) -> set[str]:
+        listed = self.client.list_objects_v2(Bucket=self.name).get("Contents", [])
+        return {str(item["Key"]) for item in listed}
+
 
 @dataclass
 class FaultProxy:

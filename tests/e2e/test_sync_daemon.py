@@ -19,11 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
-import boto3
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from objectstores import FaultProxy, moto_server, write_repository
+from objectstores import FaultProxy, S3Bucket, moto_server, write_repository
 from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, REPO_ROOT, Server, add_sub_inputs, request, run_server
 
 CREDENTIALS: Final = {"AWS_ACCESS_KEY_ID": "edged-test", "AWS_SECRET_ACCESS_KEY": "edged-secret"}
@@ -36,25 +35,17 @@ class Bucket:
     """A bucket of moto's server and the repository under its ``repo/`` prefix."""
 
     def __init__(self, port: int) -> None:
-        self.name = f"fleet-{os.getpid()}-{next(_buckets)}"
         self.port = port
-        self.client = boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            region_name="us-east-1",
-        )
-        self.client.create_bucket(Bucket=self.name)
+        self.s3 = S3Bucket(f"127.0.0.1:{port}", f"fleet-{os.getpid()}-{next(_buckets)}", CREDENTIALS)
 
     def url(self, endpoint: str | None = None) -> str:
-        return f"s3://{endpoint or f'127.0.0.1:{self.port}'}/{self.name}/repo"
+        return f"s3://{endpoint or f'127.0.0.1:{self.port}'}/{self.s3.name}/repo"
 
     def put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.name, Key=f"repo/{key}", Body=data)
+        self.s3.put(f"repo/{key}", data)
 
     def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.name, Key=f"repo/{key}")
+        self.s3.delete(f"repo/{key}")
 
     def put_tree(self, files: dict[str, bytes]) -> None:
         for key, data in files.items():

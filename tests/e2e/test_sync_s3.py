@@ -8,34 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-import boto3
 import pytest
 import synccases
-from objectstores import FaultProxy, moto_server
+from objectstores import FaultProxy, S3Bucket, moto_server
 
 from edged.sync import SourceProblem, SyncError, open_repository, sync_once
 
 CREDENTIALS: Final = {"AWS_ACCESS_KEY_ID": "edged-test", "AWS_SECRET_ACCESS_KEY": "edged-secret"}
 _buckets = itertools.count()
-
-
-class S3Bucket:
-    def __init__(self, port: int, name: str) -> None:
-        self.name = name
-        self.client = boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            region_name="us-east-1",
-        )
-        self.client.create_bucket(Bucket=name)
-
-    def put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.name, Key=key, Body=data)
-
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.name, Key=key)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +26,7 @@ def moto_port() -> Iterator[int]:
 
 @pytest.fixture
 def remote(moto_port: int) -> synccases.Remote:
-    bucket = S3Bucket(moto_port, f"models-{next(_buckets)}")
+    bucket = S3Bucket(f"127.0.0.1:{moto_port}", f"models-{next(_buckets)}", CREDENTIALS)
 
     def locate(endpoint: str) -> tuple[str, dict[str, str]]:
         return f"s3://{endpoint}/{bucket.name}/repository", dict(CREDENTIALS)

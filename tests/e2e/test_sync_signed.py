@@ -15,9 +15,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final, Protocol
 
-import boto3
 import pytest
-from objectstores import gcs_emulator, gcs_upload, moto_server, tree, write_repository
+from objectstores import S3Bucket, gcs_emulator, gcs_upload, moto_server, tree, write_repository
 from securesystemslib.signer import CryptoSigner
 from synccases import serving
 from tuf.api.metadata import Metadata
@@ -38,30 +37,6 @@ class Bucket(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
 
     def get(self, key: str) -> bytes: ...
-
-
-class S3Bucket:
-    def __init__(self, port: int, name: str) -> None:
-        self.name = name
-        self.client = boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            region_name="us-east-1",
-        )
-        self.client.create_bucket(Bucket=name)
-
-    def put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.name, Key=key, Body=data)
-
-    def get(self, key: str) -> bytes:
-        body: bytes = self.client.get_object(Bucket=self.name, Key=key)["Body"].read()
-        return body
-
-    def names(self) -> set[str]:
-        listed = self.client.list_objects_v2(Bucket=self.name).get("Contents", [])
-        return {str(item["Key"]) for item in listed}
 
 
 class GCSBucket:
@@ -175,7 +150,7 @@ def moto_port() -> Iterator[int]:
 
 @pytest.fixture
 def s3(moto_port: int, tmp_path: Path) -> tuple[Signed, SyncResult]:
-    bucket = S3Bucket(moto_port, f"signed-{next(_names)}")
+    bucket = S3Bucket(f"127.0.0.1:{moto_port}", f"signed-{next(_names)}", CREDENTIALS)
     url = f"s3://127.0.0.1:{moto_port}/{bucket.name}/repository"
     return first_publish(bucket, "repository", url, dict(CREDENTIALS), tmp_path)
 
@@ -288,7 +263,7 @@ def test_online_key_rotation_reaches_the_device(s3: tuple[Signed, SyncResult]) -
 
 
 def test_an_unsigned_bucket_is_refused_when_a_root_is_configured(moto_port: int, tmp_path: Path) -> None:
-    bucket = S3Bucket(moto_port, f"plain-{next(_names)}")
+    bucket = S3Bucket(f"127.0.0.1:{moto_port}", f"plain-{next(_names)}", CREDENTIALS)
     files = write_repository(tmp_path / "plain")
     for key, data in files.items():
         bucket.put(f"repository/{key}", data)
@@ -315,7 +290,7 @@ def test_an_unsigned_bucket_is_refused_when_a_root_is_configured(moto_port: int,
 
 
 def test_publish_from_the_command_line(moto_port: int, tmp_path: Path) -> None:
-    bucket = S3Bucket(moto_port, f"cli-{next(_names)}")
+    bucket = S3Bucket(f"127.0.0.1:{moto_port}", f"cli-{next(_names)}", CREDENTIALS)
     url = f"s3://127.0.0.1:{moto_port}/{bucket.name}/repository"
     files = write_repository(tmp_path / "published")
     env = os.environ | CREDENTIALS
@@ -381,7 +356,7 @@ def test_gcs_publish_sync_and_a_tampered_file(gcs_port: int, tmp_path: Path) -> 
 
 
 def test_a_missing_bucket_is_not_a_missing_signature(moto_port: int, tmp_path: Path) -> None:
-    bucket = S3Bucket(moto_port, f"gone-{next(_names)}")
+    bucket = S3Bucket(f"127.0.0.1:{moto_port}", f"gone-{next(_names)}", CREDENTIALS)
     signed, _ = first_publish(
         bucket, "repository", f"s3://127.0.0.1:{moto_port}/{bucket.name}/repository", CREDENTIALS, tmp_path
     )
