@@ -3,10 +3,11 @@ held on probation and rolled back model by model.
 
 The modules
     sources.py    Triton's repository URLs (``s3://bucket/prefix``, ``s3://host:port/bucket/prefix``,
-                  ``s3://https://host:port/...``, ``gs://bucket/prefix``), credentials as Triton reads them, and a
-                  ``RemoteRepository`` that lists, reads from an offset, writes and deletes. Failures are
+                  ``s3://https://host:port/...``, ``gs://bucket/prefix``) and the ``RemoteRepository`` a sync needs
+                  (list, read from an offset, write, delete); ``open_repository`` picks the client. Failures are
                   ``SyncError`` with a ``SourceProblem`` an operator can act on (unreachable, denied, wrong region,
-                  not found, changed, refused, verification failed, untrusted, no space).
+                  not found, changed, refused, verification failed, untrusted, no space, credentials).
+    s3.py, gcs.py The clients: obstore for S3 and S3-compatible endpoints, gcloud-aio-storage for GCS.
     credentials.py  Credentials as Triton reads them (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, the per-path JSON
                   of TRITON_CLOUD_CREDENTIAL_PATH) and systemd's ``$CREDENTIALS_DIRECTORY``; temporary S3
                   credentials (web identity, container, instance metadata) are left to the client, which refreshes

@@ -151,7 +151,7 @@ def test_s3_errors_say_what_the_operator_has_to_fix(body: str, problem: SourcePr
     """The error texts obstore raises for S3's answers: the first line from the client, the XML body after it."""
     from obstore.exceptions import GenericError
 
-    from edged.sync.sources import _s3_error
+    from edged.sync.s3 import _s3_error
 
     error = GenericError(
         "Generic S3 error: Error performing list http://s3/models?list-type=2 in 30ms - Server returned non-2xx "
@@ -163,7 +163,7 @@ def test_s3_errors_say_what_the_operator_has_to_fix(body: str, problem: SourcePr
 def test_an_unreachable_s3_endpoint_is_told_apart() -> None:
     from obstore.exceptions import GenericError
 
-    from edged.sync.sources import _s3_error
+    from edged.sync.s3 import _s3_error
 
     error = GenericError(
         "Generic S3 error: Error performing list ... after 2 retries - HTTP error: error sending request"
