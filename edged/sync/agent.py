@@ -29,7 +29,7 @@ from edged.sync.paths import source_id
 from edged.sync.plan import changed_models
 from edged.sync.probation import ProbationLimits, apply
 from edged.sync.runner import RunOptions, SyncResult, Verifier, sync_once
-from edged.sync.snapshots import SnapshotStore
+from edged.sync.snapshots import Snapshot, SnapshotStore
 from edged.sync.sources import ClientOptions, RemoteRepository, open_repository
 from edged.sync.transfer import Progress
 
@@ -343,12 +343,7 @@ class RepositorySync:
         source.phase = "rolling back"
         reason = "; ".join(f"model '{name}': {why}" for name, why in sorted(failed.items()))
         good = source.store.good()
-        with source.store.locked():
-            source.store.prepare()
-            mixed = source.store.build_mixed(current, good, failed, f"{revision}~rollback")
-            source.store.switch(mixed)
-            source.store.mark_good(mixed)
-            source.store.collect_garbage()
+        mixed = await asyncio.to_thread(self._roll_back, source, current, good, set(failed), revision)
         for name in failed:
             self._observer.rollback(source.url, name)
         log.error(
@@ -404,6 +399,19 @@ class RepositorySync:
                 log.exception("the sync run of %s was not recorded", source.url)
         source.last_run = run
         return run
+
+    @staticmethod
+    def _roll_back(
+        source: _Source, current: Snapshot, good: Snapshot | None, models: set[str], revision: str
+    ) -> Snapshot:
+        """Serve ``models`` from the last known good snapshot again, the rest as they are (in a worker thread)."""
+        with source.store.locked():
+            source.store.prepare()
+            mixed = source.store.build_mixed(current, good, models, f"{revision}~rollback")
+            source.store.switch(mixed)
+            source.store.mark_good(mixed)
+            source.store.collect_garbage()
+        return mixed
 
     def _validate(self, repository: Path, models: frozenset[str]) -> dict[str, str]:
         """Before a switch (in a worker thread): the changed models whose new config cannot be served, as ``edged

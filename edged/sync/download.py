@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -31,6 +32,46 @@ class Fetched:
     resumed_from: int
 
 
+class _Digests:
+    """The sha256 and MD5 of a file, computed as its bytes arrive, so that it is never read again to be checked."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self.md5 = hashlib.md5(usedforsecurity=False)
+        self.size = 0
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.md5.update(data)
+        self.size += len(data)
+
+    def read(self, path: Path, limit: int | None = None) -> None:
+        """Take the first ``limit`` bytes of ``path`` (all of it when None): what an earlier run downloaded."""
+        with open(path, "rb") as data:
+            while (limit is None or self.size < limit) and (
+                block := data.read(_HASH_BLOCK if limit is None else min(_HASH_BLOCK, limit - self.size))
+            ):
+                self.update(block)
+
+    def check(self, entry: RemoteEntry) -> str:
+        """The sha256, once the size and (when known) MD5 or signed sha256 match the listing."""
+        if self.size != entry.size:
+            raise SyncError(
+                SourceProblem.VERIFY_FAILED, f"{entry.path}: got {self.size} bytes, the listing says {entry.size}"
+            )
+        kind, _, expected = entry.digest.partition(":")
+        if kind == "md5" and self.md5.hexdigest() != expected:
+            got = self.md5.hexdigest()
+            raise SyncError(SourceProblem.VERIFY_FAILED, f"{entry.path}: MD5 {got}, the listing says {expected}")
+        if kind == "sha256" and self.sha256.hexdigest() != expected:
+            got = self.sha256.hexdigest()
+            raise SyncError(
+                SourceProblem.VERIFY_FAILED,
+                f"{entry.path}: sha256 {got}, the signed metadata says {expected} (tampered or corrupted)",
+            )
+        return self.sha256.hexdigest()
+
+
 async def fetch(
     source: RemoteRepository,
     store: SnapshotStore,
@@ -40,10 +81,13 @@ async def fetch(
 ) -> Fetched:
     """Stage ``entry``: append to what an earlier run left (a Range read from there), then check size and, where
     known, MD5 (from the store) or sha256 (from signed metadata). A file that fails the check is dropped, so the
-    next run fetches it whole."""
+    next run fetches it whole. The event loop only moves bytes: reading a file back and flushing it to the disk
+    happen in worker threads, so that the requests the daemon serves meanwhile are not held up."""
+    digests = _Digests()
     done = store.staged(entry)
     if done.exists():
-        return Fetched(_verify(done, entry), 0, entry.size)
+        await asyncio.to_thread(digests.read, done)
+        return Fetched(digests.check(entry), 0, entry.size)
     partial = store.partial(entry)
     start = partial.stat().st_size if partial.exists() else 0
     if start > entry.size:
@@ -54,6 +98,7 @@ async def fetch(
         # A run killed between making a verified download read-only and renaming it left it so; without this, every
         # later run would fail on opening it (root alone writes to a read-only file).
         os.chmod(partial, 0o600)
+        await asyncio.to_thread(digests.read, partial, start)
     with open(partial, "r+b" if start else "wb") as out:
         out.truncate(start)
         out.seek(start)
@@ -64,42 +109,19 @@ async def fetch(
                 if start + transferred + len(chunk) > entry.size:
                     raise SyncError(SourceProblem.VERIFY_FAILED, f"{entry.path} is longer than its {entry.size} bytes")
                 out.write(chunk)
+                digests.update(chunk)
                 transferred += len(chunk)
                 if progress is not None:
                     progress.add(len(chunk))
                 if throttle is not None:
                     await throttle.take(len(chunk))
         out.flush()
-        os.fsync(out.fileno())
+        await asyncio.to_thread(os.fsync, out.fileno())
     try:
-        sha256 = _verify(partial, entry)
+        sha256 = digests.check(entry)
     except SyncError:
         partial.unlink()
         raise
     os.chmod(partial, READ_ONLY)
     os.rename(partial, done)
     return Fetched(sha256, transferred, start)
-
-
-def _verify(path: Path, entry: RemoteEntry) -> str:
-    """The file's sha256, once its size and (when known) MD5 or signed sha256 match the listing."""
-    size = path.stat().st_size
-    if size != entry.size:
-        raise SyncError(SourceProblem.VERIFY_FAILED, f"{entry.path}: got {size} bytes, the listing says {entry.size}")
-    sha256 = hashlib.sha256()
-    md5 = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as data:
-        while block := data.read(_HASH_BLOCK):
-            sha256.update(block)
-            md5.update(block)
-    kind, _, expected = entry.digest.partition(":")
-    if kind == "md5" and md5.hexdigest() != expected:
-        got = md5.hexdigest()
-        raise SyncError(SourceProblem.VERIFY_FAILED, f"{entry.path}: MD5 {got}, the listing says {expected}")
-    if kind == "sha256" and sha256.hexdigest() != expected:
-        got = sha256.hexdigest()
-        raise SyncError(
-            SourceProblem.VERIFY_FAILED,
-            f"{entry.path}: sha256 {got}, the signed metadata says {expected} (tampered or corrupted)",
-        )
-    return sha256.hexdigest()

@@ -155,7 +155,7 @@ async def sync_once(
             plan = dataclasses.replace(plan, revision=found.revision)
         if current is not None and (not plan.changed or plan.revision in options.held_back):
             # A run killed after its switch left the garbage collection undone.
-            store.collect_garbage()
+            await asyncio.to_thread(store.collect_garbage)
             held = plan.revision if plan.changed else None
             return SyncResult(
                 source.url,
@@ -188,7 +188,9 @@ async def sync_once(
         fetched = await _fetch_all(source, store, plan.download, throttle, progress)
         sha256 = {path: done.sha256 for path, done in fetched.items()}
         transferred = sum(done.transferred for done in fetched.values())
-        snapshot = store.build(plan, current, sha256)
+        # Disk work (thousands of links, fsyncs, removing an old snapshot) runs in a worker thread: the daemon's
+        # event loop serves requests meanwhile.
+        snapshot = await asyncio.to_thread(store.build, plan, current, sha256)
         refused: Mapping[str, str] = {}
         if options.validate is not None:
             changed = frozenset(changed_models((*sha256, *plan.remove)))
@@ -201,9 +203,11 @@ async def sync_once(
                     source.url,
                     "; ".join(f"model '{name}' is refused: {why}" for name, why in sorted(refused.items())),
                 )
-                snapshot = store.build_mixed(snapshot, current, refused, f"{plan.revision}~partial")
+                snapshot = await asyncio.to_thread(
+                    store.build_mixed, snapshot, current, refused, f"{plan.revision}~partial"
+                )
         store.switch(snapshot)
-        store.collect_garbage()
+        await asyncio.to_thread(store.collect_garbage)
         result = SyncResult(
             source=source.url,
             revision=snapshot.revision,

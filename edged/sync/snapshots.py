@@ -35,7 +35,7 @@ from typing import Final
 
 import msgspec
 
-from edged.core.confined import inside, make_dirs, remove_tree
+from edged.core.confined import PathOutsideRoot, inside, make_dirs, remove_tree
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.paths import source_root
 from edged.sync.plan import LocalEntry, Plan, RemoteEntry
@@ -86,6 +86,26 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Linker:
+    """Hard-links files into a snapshot being built, each folder made and checked to lie inside it once: a
+    repository of a thousand files in a few folders costs a thousand links, not a thousand walks of the path. Only
+    the run holding the lock writes into the snapshot being built, so a folder checked once stays what it was."""
+
+    def __init__(self, repository: Path) -> None:
+        self._repository = repository
+        self._folders: dict[Path, Path] = {}
+
+    def __call__(self, source: Path, key: str) -> None:
+        target = self._repository / key
+        folder = self._folders.get(target.parent)
+        if folder is None:
+            make_dirs(self._repository, target.parent)
+            folder = self._folders[target.parent] = inside(self._repository, target).parent
+        if target.name in ("", ".", ".."):
+            raise PathOutsideRoot(f"{target} is not a file name")
+        os.link(source, folder / target.name, follow_symlinks=False)
 
 
 class SnapshotStore:
@@ -191,13 +211,14 @@ class SnapshotStore:
         downloaded ones from staging. ``sha256`` holds the digests of the downloaded files."""
         make_dirs(self.root, self.next / REPOSITORY_DIR)
         repository = self.next / REPOSITORY_DIR
+        link = _Linker(repository)
         files: dict[str, _ManifestFile] = {}
         for entry in plan.keep:
             assert current is not None, "a plan keeps files only from a current snapshot"
-            self._link(current.repository / entry.path, repository, entry.path)
+            link(current.repository / entry.path, entry.path)
             files[entry.path] = _ManifestFile(entry.size, entry.digest, current.files[entry.path].sha256)
         for entry in plan.download:
-            self._link(self.staged(entry), repository, entry.path)
+            link(self.staged(entry), entry.path)
             files[entry.path] = _ManifestFile(entry.size, entry.digest, sha256[entry.path])
         return self._seal(_Manifest(self.url, plan.revision, dict(sorted(files.items()))))
 
@@ -222,11 +243,6 @@ class SnapshotStore:
     def _next_name(self) -> str:
         numbers = [int(m[1]) for p in self.snapshots.iterdir() if (m := _SNAPSHOT_NAME.fullmatch(p.name))]
         return f"r{max(numbers, default=0) + 1:06d}"
-
-    def _link(self, source: Path, repository: Path, key: str) -> None:
-        target = inside(repository, repository / key)
-        make_dirs(repository, target.parent)
-        os.link(source, target, follow_symlinks=False)
 
     def switch(self, snapshot: Snapshot) -> None:
         """Serve ``snapshot``: ``previous`` takes the old ``current``, then ``current`` is replaced in one rename.
@@ -287,13 +303,13 @@ class SnapshotStore:
             if model_of(key) in held
         ]
         make_dirs(self.root, self.next / REPOSITORY_DIR)
-        repository = self.next / REPOSITORY_DIR
+        link = _Linker(self.next / REPOSITORY_DIR)
         files: dict[str, _ManifestFile] = {}
         for origin, entries in ((base, keep), (donor, taken)):
             assert origin is not None or not entries
             for entry in entries:
                 assert origin is not None
-                self._link(origin.repository / entry.path, repository, entry.path)
+                link(origin.repository / entry.path, entry.path)
                 files[entry.path] = _ManifestFile(entry.size, entry.digest, origin.files[entry.path].sha256)
         return self._seal(_Manifest(self.url, revision, dict(sorted(files.items()))))
 

@@ -21,7 +21,7 @@ from typing import Final
 
 import pytest
 import synccases
-from fswatch import IN_CLOSE_WRITE, IN_CREATE, IN_MODIFY, IN_MOVED_TO, Event, MatchEvent, watching
+from fswatch import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Event, MatchEvent, watching
 from objectstores import FaultProxy, S3Bucket, gcs_emulator, gcs_upload, moto_server, tree
 
 from edged.sync import RemoteEntry
@@ -248,11 +248,11 @@ PHASES: Final[dict[str, Callable[[Path], tuple[Path, int, Callable[[Event], bool
         IN_MODIFY,
         MatchEvent(IN_MODIFY, suffix=".part", min_size=LARGE_BYTES // 2),
     ),
-    # The large file is complete and closed: it is being hashed before it is renamed as staged.
-    "verifying": lambda root: (
+    # The large file is complete, verified (as its bytes arrived) and just renamed as staged.
+    "staged": lambda root: (
         root / "staging" / "objects",
-        IN_CLOSE_WRITE,
-        MatchEvent(IN_CLOSE_WRITE, suffix=".part", min_size=LARGE_BYTES),
+        IN_MOVED_TO,
+        MatchEvent(IN_MOVED_TO, min_size=LARGE_BYTES),
     ),
     "building": lambda root: (root / "staging", IN_CREATE, MatchEvent(IN_CREATE, name="next")),
     # The new snapshot has just been renamed into place; ``current`` still names the old one.
@@ -301,8 +301,9 @@ def test_killed_at_phase(revisions: Revisions, tmp_path: Path, phase: str) -> No
         assert not parts and not (root / "staging" / "next").exists()
     elif phase == "downloading":
         assert len(parts) == 1 and LARGE_BYTES // 2 <= parts[0].stat().st_size < LARGE_BYTES
-    elif phase == "verifying":
-        assert len(parts) == 1 and parts[0].stat().st_size == LARGE_BYTES, "killed after the verification"
+    elif phase == "staged":
+        staged = [path for path in (root / "staging" / "objects").iterdir() if path.suffix != ".part"]
+        assert any(path.stat().st_size == LARGE_BYTES for path in staged), "the large file was not staged"
     elif phase == "building":
         assert len(_entries(root / "staging" / "next" / "repo")) >= 10, "killed before or after the build"
         assert snapshot_names(state) == before
@@ -310,12 +311,12 @@ def test_killed_at_phase(revisions: Revisions, tmp_path: Path, phase: str) -> No
         assert len(snapshot_names(state) - before) == 1, "no new snapshot"
 
     served = check_one_revision(revisions, state)
-    if phase in ("listing", "downloading", "verifying", "building"):
+    if phase in ("listing", "downloading", "staged", "building"):
         # Killed before its snapshot was complete, the run leaves the old revision serving. (Killed once it was
         # built, the switch may have happened in the moment before the signal: either revision, never a mix.)
         assert served == revisions.old
     staged = check_resumes(revisions, state, served)
-    if phase in ("downloading", "verifying", "building", "built"):
+    if phase in ("downloading", "staged", "building", "built"):
         assert staged >= LARGE_BYTES // 2, "the next run did not resume what the killed one had staged"
 
 
