@@ -302,8 +302,8 @@ def test_killed_at_phase(revisions: Revisions, tmp_path: Path, phase: str) -> No
     elif phase == "downloading":
         assert len(parts) == 1 and LARGE_BYTES // 2 <= parts[0].stat().st_size < LARGE_BYTES
     elif phase == "staged":
-        staged = [path for path in (root / "staging" / "objects").iterdir() if path.suffix != ".part"]
-        assert any(path.stat().st_size == LARGE_BYTES for path in staged), "the large file was not staged"
+        done = [path for path in (root / "staging" / "objects").iterdir() if path.suffix != ".part"]
+        assert any(path.stat().st_size == LARGE_BYTES for path in done), "the large file was not staged"
     elif phase == "building":
         assert len(_entries(root / "staging" / "next" / "repo")) >= 10, "killed before or after the build"
         assert snapshot_names(state) == before
