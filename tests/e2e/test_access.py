@@ -135,6 +135,9 @@ STATE_CHANGING: Final = (
     ("GET", "/v2/systemsharedmemory/status", "shared-memory"),
     ("POST", "/v2/trace/setting", "trace"),
     ("GET", "/v2/edged/models/add_sub/history", "model-repository"),
+    ("POST", "/v2/edged/sync/now", "model-repository"),
+    ("POST", "/v2/edged/sync/pause", "model-repository"),
+    ("GET", "/v2/edged/sync", "model-repository"),
     # Spellings the router may accept for the same routes are guarded the same.
     ("POST", "/v2/repository/models/spare/load/", "model-repository"),
     ("POST", "//v2//repository//index", "model-repository"),
