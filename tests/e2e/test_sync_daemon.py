@@ -22,7 +22,7 @@ from typing import Any, Final
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from objectstores import FaultProxy, S3Bucket, moto_server, write_repository
+from objectstores import FaultProxy, S3Bucket, gcs_emulator, gcs_upload, moto_server, write_repository
 from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, REPO_ROOT, Server, add_sub_inputs, request, run_server
 
 CREDENTIALS: Final = {"AWS_ACCESS_KEY_ID": "edged-test", "AWS_SECRET_ACCESS_KEY": "edged-secret"}
@@ -434,3 +434,22 @@ def test_a_model_with_a_live_sequence_is_swapped_when_it_ends(bucket: Bucket) ->
         send(5, sequence_end=True)
         wait_until("the swap once the sequence ended", lambda: max_batch_size(server, "simple_sequence") == 4)
         assert "waiting up to 30 s for the live sequences of simple_sequence" in server.log()
+
+
+def test_a_gcs_repository_is_served_mixed_with_a_local_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = write_repository(tmp_path / "published")
+    with gcs_emulator("fleet") as port:
+        for key, data in files.items():
+            if key.startswith("add_sub_int32/"):  # add_sub is the local repository's
+                gcs_upload(port, "fleet", f"models/{key}", data)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+        local = REPO_ROOT / "model_repository"
+        with run_server(["gs://fleet/models", local], *sync_flags()) as server:
+            wait_until("the GCS models serve", lambda: ready(server, "add_sub_int32") and committed(server))
+            assert ready(server, "add_sub") and ready(server, "digits")  # the local repository's
+            (source,) = status(server)["sources"]
+            assert source["url"] == "gs://fleet/models" and source["last_error"] is None, source
+            gcs_upload(port, "fleet", "models/add_sub_int32/config.pbtxt", config_with_batch(files, "add_sub_int32", 2))
+            (run,) = sync_now(server)
+            assert run["outcome"] == "updated" and run["files"] == 1, run
+            assert max_batch_size(server, "add_sub_int32") == 2
