@@ -105,7 +105,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Pat
     )
     _recorder(repo, "recorder", _sample("from_file", 'input_data_file: "in.bin"', count=3), files={"in.bin": DATA})
     _recorder(repo, "batched", _sample("rows", "zero_data: true", batch_size=3))
-    _recorder(repo, "poisoned", _sample("zeros", "zero_data: true"), poison=True)
+    _recorder(repo, "poisoned", _sample("zeros", "zero_data: true", count=3), poison=True)
     _recorder(repo, "no_file", _sample("nofile", 'input_data_file: "absent.bin"'))
     _recorder(repo, "short_file", _sample("short", 'input_data_file: "short.bin"'), files={"short.bin": DATA[:8]})
     _recorder(repo, "too_big", _sample("big", "zero_data: true", batch_size=9))
@@ -158,8 +158,9 @@ def test_a_failing_sample_leaves_the_version_unavailable_with_tritons_reason(war
     assert poisoned["reason"].startswith("Invalid argument: failed to run warmup sample 'zeros': ")
     assert "ValueError: warmup poison" in poisoned["reason"]
     assert poisoned["reason"].endswith("; ")
-    # It ran once on one instance and stopped there.
-    assert len(_calls(root / "poisoned.calls")) == 1
+    # Each instance stopped at its first failing run (count 3).
+    assert Counter(c["instance"] for c in _calls(root / "poisoned.calls")) == {"poisoned_0_0": 1, "poisoned_0_1": 1}
+    assert "instance 'poisoned_0_0'" in poisoned["reason"]
     models = root / "models"
     assert index["no_file"] == {
         "name": "no_file",

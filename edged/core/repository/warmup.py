@@ -2,8 +2,9 @@
 
 Each ``ModelWarmup`` becomes ``batch_size`` requests of one row each (a batch of that many rows), with inputs of
 zeros, random bytes or the raw bytes of ``<model dir>/warmup/<input_data_file>``; they run together ``count``
-times (at least once) on each instance. A sample with ``batch_size`` 0 is skipped, as Triton skips it. Any error
-fails the load with Triton's texts: the version goes UNAVAILABLE and a version already serving keeps serving.
+times (at least once) on each instance, the instances side by side. A sample with ``batch_size`` 0 is skipped, as
+Triton skips it. Any error fails the load with Triton's texts: the version goes UNAVAILABLE and a version already
+serving keeps serving.
 
 Building a sample happens before any instance runs it, so a missing or short data file fails the load without
 running the model. Requests go through the same checks a client's request does (edged.core.request.validation),
@@ -17,6 +18,7 @@ import errno
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -168,16 +170,27 @@ def _array(tensor: InferInput) -> np.ndarray[Any, Any]:
 
 
 def run_warmup(config: ModelConfig, model_dir: Path, signature: ModelSignature, model: BackendModel) -> None:
-    """Build the samples and run each ``count`` times on every instance, one instance after another; from the
-    load thread. EdgedError (Triton's "failed to run warmup sample ..." for a failed run) on the first failure."""
+    """Build the samples and run each ``count`` times on every instance, the instances at the same time as Triton
+    warms them (each in its own thread: an instance runs one batch at a time); from the load thread. EdgedError
+    (Triton's "failed to run warmup sample ..." for a failed run) of the first instance that failed."""
     samples = build_samples(config, model_dir, signature)
     if not samples:
         return
     each_instance = getattr(model, "each_instance", None)
     instances: list[BackendInstance] = list(each_instance() if each_instance is not None else model.instances)
-    for instance in instances:
-        for sample in samples:
-            _run_on(config, instance, sample)
+
+    def warm(instance: BackendInstance) -> EdgedError | None:
+        try:
+            for sample in samples:
+                _run_on(config, instance, sample)
+        except EdgedError as exc:
+            return exc
+        return None
+
+    with ThreadPoolExecutor(max(len(instances), 1), thread_name_prefix="warmup") as pool:
+        failures = [error for error in pool.map(warm, instances) if error is not None]
+    if failures:
+        raise failures[0]
     runs = sum(s.count for s in samples)
     log.info(
         "model '%s' ran %d warmup sample(s) (%d run(s)) on each of %d instance(s)",
