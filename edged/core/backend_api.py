@@ -97,7 +97,9 @@ class BackendModel(Protocol):
 
     A model may also define ``is_ready() -> bool`` (called on the event loop, must not block): False while it
     cannot serve (an instance's process is restarting), which the model-ready endpoints report; and
-    ``crash_count() -> int``: how many times its instances' processes died (a probation after an update counts them).
+    ``crash_count() -> int``: how many times its instances' processes died (a probation after an update counts them);
+    and ``each_instance() -> Sequence[BackendInstance]``: one per model instance, each running on that instance only,
+    where ``instances`` are shared slots (model_warmup must reach every instance).
     """
 
     @property

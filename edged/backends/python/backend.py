@@ -370,6 +370,10 @@ class PythonModel:
         # No slots (sequence batching): the scheduler addresses each stub itself.
         return self._slots if self._slots_per_instance else self._instances
 
+    def each_instance(self) -> list[PythonInstance]:
+        """Each stub itself, for model_warmup: a slot runs on whichever stub is free."""
+        return list(self._instances)
+
     def attach(self) -> None:
         for instance in self._instances:
             instance.attach()

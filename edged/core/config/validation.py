@@ -47,6 +47,27 @@ def validate_model_config(config: ModelConfig) -> None:
     policy = config.version_policy
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
         raise _error(f"version_policy 'latest' must have num_versions >= 1 for {name}")
+    _validate_warmup(config)
+
+
+def _validate_warmup(config: ModelConfig) -> None:
+    """Triton refuses warmup for an ensemble when it reads the config; the rest of a sample (its inputs, dims and
+    data) is checked when it runs, at load (edged.core.repository.warmup). A data file must stay in the model's
+    warmup folder."""
+    if not config.model_warmup:
+        return
+    if config.platform == "ensemble":
+        raise _error(f"model_warmup can not be specified for ensemble '{config.name}'")
+    for sample in config.model_warmup:
+        for input_name, meta in sample.inputs.items():
+            path = meta.input_data_file
+            if meta.WhichOneof("input_data_type") == "input_data_file" and (
+                not path or path.startswith("/") or ".." in path.split("/")
+            ):
+                raise _error(
+                    f"warmup sample '{sample.name}' input '{input_name}': input_data_file '{path}' must name a file "
+                    f"in the model's 'warmup' folder for {config.name}"
+                )
 
 
 def _validate_dynamic_batching(config: ModelConfig) -> None:

@@ -28,6 +28,7 @@ from edged.core.repository.scan import (
     select_versions,
     version_numbers,
 )
+from edged.core.repository.warmup import run_warmup
 from edged.core.request.validation import ModelSignature
 from edged.core.scheduling.dynamic import DynamicBatcher
 from edged.core.scheduling.scheduler import DirectScheduler
@@ -320,12 +321,30 @@ class ModelRepositoryManager:
             version.backend_model = self._backends.get(backend_name(config)).load(
                 config, self.context(source, config, number)
             )
+            if config.model_warmup:
+                self._warm_up(version, config, source)
         except EdgedError as exc:
             version.state, version.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load '%s' version %d: %s", source.name, number, exc.message)
             return version
         version.state = ModelState.READY
         return version
+
+    @staticmethod
+    def _warm_up(version: ModelVersion, config: ModelConfig, source: ModelSource) -> None:
+        """Run the config's model_warmup on every instance; a failure releases the instances and fails the load."""
+        model, signature = version.backend_model, version.signature
+        assert model is not None and signature is not None
+        if config.model_transaction_policy.decoupled:
+            # A decoupled model answers through streams the load thread cannot read; it loads without warmup.
+            log.warning("model '%s': model_warmup is not run for a decoupled model", source.name)
+            return
+        try:
+            run_warmup(config, source.path, signature, model)
+        except EdgedError:
+            version.backend_model = None
+            model.unload()
+            raise
 
     # --- lookups: called on every request, so they stay dict lookups -------------------------------------
 
