@@ -453,3 +453,30 @@ def test_a_gcs_repository_is_served_mixed_with_a_local_one(tmp_path: Path, monke
             (run,) = sync_now(server)
             assert run["outcome"] == "updated" and run["files"] == 1, run
             assert max_batch_size(server, "add_sub_int32") == 2
+
+
+WARMUP_FROM_A_MISSING_FILE: Final = b"""
+model_warmup [
+  {
+    name: "from_file"
+    batch_size: 1
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "missing.bin" } }
+    inputs { key: "INPUT1" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } }
+  }
+]
+"""
+
+
+def test_a_model_whose_warmup_fails_after_an_update_is_rolled_back(bucket: Bucket, published: dict[str, bytes]) -> None:
+    with run_server([bucket.url()], *sync_flags()) as server:
+        wait_until("the first revision is committed", lambda: ready(server, "add_sub") and committed(server))
+        config = config_with_batch(published, "add_sub", 4) + WARMUP_FROM_A_MISSING_FILE
+        bucket.put("add_sub/config.pbtxt", config)  # a config that reads well: only loading it runs the warmup
+        (run,) = sync_now(server)
+        assert run["outcome"] == "updated" and "refused" not in run["message"], run
+        wait_until("the rollback", lambda: status(server)["sources"][0]["held_back"] == [run["revision"]])
+        wait_until("the probation ends", lambda: status(server)["sources"][0]["phase"] == "idle")
+        assert ready(server, "add_sub") and max_batch_size(server, "add_sub") == 8  # the old version serves on
+        infer_add_sub(httpclient.InferenceServerClient(server.http_url))
+        runs = request(server.http_url, "GET", "/v2/edged/sync/history").json()["runs"]
+        assert runs[0]["outcome"] == "rolled-back" and "warmup" in runs[0]["message"], runs[0]
