@@ -196,7 +196,13 @@ def killed_mid_download_resumes(remote: Remote, tmp_path: Path, proxy: FaultProx
         "import asyncio, sys\n"
         "from pathlib import Path\n"
         "from edged.sync import open_repository, sync_once\n"
-        "asyncio.run(sync_once(open_repository(sys.argv[1], dict(__import__('os').environ)), Path(sys.argv[2])))\n"
+        "async def run():\n"
+        "    source = open_repository(sys.argv[1], dict(__import__('os').environ))\n"
+        "    try:\n"
+        "        await sync_once(source, Path(sys.argv[2]))\n"
+        "    finally:\n"
+        "        await source.close()\n"
+        "asyncio.run(run())\n"
     )
     child = subprocess.Popen(
         [sys.executable, "-c", script, url, str(state)], env=os.environ | env, cwd=Path(__file__).parents[1]

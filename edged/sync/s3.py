@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
+CLOSE_GRACE_S: Final = 0.05
 # An ETag that is the content's MD5 (a single-part upload); a multipart one is not, and proves nothing of the bytes.
 _MD5_HEX: Final = re.compile(r"[0-9a-f]{32}")
 
@@ -189,7 +190,10 @@ class S3Repository:
             raise _s3_error(exc, f"{self.url}/{key}") from exc
 
     async def close(self) -> None:
-        """obstore's client holds no connection that needs closing."""
+        """obstore's client holds no connection that needs closing, but its runtime threads hand each result back an
+        instant after the await ends; an interpreter finalizing under one of them aborts the process (a race in
+        pyo3-async-runtimes). A process that exits right after closing waits that instant out here."""
+        await asyncio.sleep(CLOSE_GRACE_S)
 
 
 # What obstore uses when no static key is given, by its config key: temporary credentials from web identity (EKS,

@@ -121,7 +121,13 @@ CHILD: Final = (
     "import asyncio, os, sys\n"
     "from pathlib import Path\n"
     "from edged.sync import open_repository, sync_once\n"
-    "asyncio.run(sync_once(open_repository(sys.argv[1], dict(os.environ)), Path(sys.argv[2])))\n"
+    "async def run():\n"
+    "    source = open_repository(sys.argv[1], dict(os.environ))\n"
+    "    try:\n"
+    "        await sync_once(source, Path(sys.argv[2]))\n"
+    "    finally:\n"
+    "        await source.close()\n"
+    "asyncio.run(run())\n"
 )
 
 
