@@ -165,6 +165,8 @@ class RepositorySync:
         if not self._paused:
             log.info("repository sync paused")
         self._paused = True
+        for source in self._sources:
+            source.wake.set()  # the loops go back to waiting, for a resume this time
 
     def resume(self) -> None:
         if self._paused:
@@ -203,8 +205,10 @@ class RepositorySync:
             if not self._paused:
                 await self._run(source)
             source.wake.clear()
+            # Paused: nothing is due until a resume wakes the loop (a past due time must not spin it).
+            wait = None if self._paused else max(0.0, source.due - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(source.wake.wait(), max(0.0, source.due - time.monotonic()))
+                await asyncio.wait_for(source.wake.wait(), wait)
 
     async def _run(self, source: _Source) -> SyncRunRecord:
         async with source.lock:

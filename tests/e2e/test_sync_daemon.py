@@ -125,6 +125,11 @@ def infer_add_sub(client: httpclient.InferenceServerClient, model: str = "add_su
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def max_batch_size(server: Server, model: str) -> int:
     return int(request(server.http_url, "GET", f"/v2/models/{model}/config").json()["max_batch_size"])
 
@@ -329,10 +334,15 @@ def test_closed_loop_load_across_an_update_fails_no_request(bucket: Bucket, publ
 
 
 def test_pause_resume_and_the_guarded_api(bucket: Bucket, published: dict[str, bytes]) -> None:
-    with run_server([bucket.url()], *sync_flags()) as server:
+    # A one-second interval: paused, the runs it would start come due and must wait for a resume.
+    with run_server([bucket.url()], *sync_flags(), "--sync-interval-secs", "1") as server:
         url = f"http://{server.http_url}"
         assert edged("sync", "pause", "--url", url).returncode == 0
         assert status(server)["paused"] is True
+        # Paused, the loop waits for a resume: it does not spin (a busy loop would take the whole second).
+        before = cpu_seconds(server.process.pid)
+        time.sleep(2.0)
+        assert cpu_seconds(server.process.pid) - before < 1.0
         assert "sync paused" in edged("sync", "status", "--url", url).stdout
         assert edged("sync", "resume", "--url", url).returncode == 0
         assert status(server)["paused"] is False
