@@ -9,10 +9,13 @@ The package is packed uncompressed here: xz takes minutes on a small machine and
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +172,47 @@ def test_files(deb: Deb) -> None:
         in members
     )
     assert b"home = /usr/bin\n" in deb.read(f"{PREFIX}/pyvenv.cfg")
+    web = f"{PREFIX}/lib/python{minor}/site-packages/edged/web"
+    for name in _shipped_web_files():
+        assert deb.read(f"{web}/{name}") == (REPO_ROOT / "web" / name).read_bytes(), name
+
+
+def _shipped_web_files() -> list[str]:
+    """The console's vendored files (relative to web/) as their manifest lists them, the manifest included."""
+    manifest = json.loads((REPO_ROOT / "web/static/vendor/MANIFEST.json").read_text(encoding="utf-8"))
+    files = ["static/vendor/MANIFEST.json"]
+    for entry in manifest["packages"]:
+        files += [f"static/vendor/{entry['directory']}/{name}" for name in entry["files"]]
+    return files
+
+
+def test_wheel_holds_the_web_assets(tmp_path: Path) -> None:
+    """The console's files travel in edged's wheel as package data, where importlib.resources finds them."""
+    # Built from a copy of what git sees, as build-deb does, so the checkout gets no build/ or egg-info.
+    source = tmp_path / "src"
+    listed = _ok(_run("git", "-C", str(REPO_ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"))
+    for name in filter(None, listed.split("\0")):
+        path = REPO_ROOT / name
+        if path.is_symlink() or path.is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, source / name, follow_symlinks=False)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    _ok(_run(*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path), str(source)))
+    (wheel,) = tmp_path.glob("edged-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for name in _shipped_web_files():
+            assert archive.read(f"edged/web/{name}") == (REPO_ROOT / "web" / name).read_bytes(), name
+        assert not any(name.startswith("edged/web/") and "/." in name for name in names)  # no dotfiles
+        assert not any("axe" in name for name in names), "the tests' axe-core must not ship"
+        archive.extractall(tmp_path / "site")
+    # Installed, a wheel of pure Python is that tree on sys.path: the way the console finds its files. -S and -P
+    # keep the virtualenv's edged and the working directory out of the path.
+    find = "import importlib.resources as r; print(r.files('edged') / 'web' / 'static' / 'vendor' / 'MANIFEST.json')"
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path / "site")}
+    found = Path(_ok(_run(sys.executable, "-S", "-P", "-c", find, env=env)).strip())
+    assert found == tmp_path / "site/edged/web/static/vendor/MANIFEST.json"
+    assert found.read_bytes() == (REPO_ROOT / "web/static/vendor/MANIFEST.json").read_bytes()
 
 
 def test_no_build_path_in_the_package(deb: Deb) -> None:
@@ -243,6 +287,9 @@ def test_installs_runs_and_purges_in_a_debian_root(deb: Deb, debian_root: Path) 
     assert CONFFILE in _ok(_in_root(root, "edged", "config"))
     prefix = _ok(_in_root(root, f"{PREFIX}/bin/python", "-c", "import sys; print(sys.prefix, sys.base_prefix)"))
     assert prefix.split() == [PREFIX, "/usr"]
+    find = "import importlib.resources as r; print(r.files('edged') / 'web/static/vendor/MANIFEST.json')"
+    manifest = _ok(_in_root(root, f"{PREFIX}/bin/python", "-c", find)).strip()
+    assert manifest == f"{PREFIX}/lib/python{_python_minor()}/site-packages/edged/web/static/vendor/MANIFEST.json"
     # Every .pyc shipped was valid where it lies: running edged as root compiled nothing new.
     written = _ok(_in_root(root, "find", PREFIX, "-newer", "/tmp/before-run"))
     assert written == ""
