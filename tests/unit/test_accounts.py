@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -358,3 +359,24 @@ def test_csrf_tokens_belong_to_their_session(accounts: Accounts) -> None:
     assert not accounts.verify_csrf(session, session.csrf_token[:-1])
     assert not accounts.verify_csrf(session, session.id)
     assert not accounts.verify_csrf(session, "é" * 43)
+
+
+def test_two_setups_at_once_make_one_admin(store: StateStore, clock: Clock) -> None:
+    accounts = Accounts(store, clock=clock)
+    code = accounts.first_run_code()
+    assert code is not None
+    barrier = threading.Barrier(2)
+    results: dict[str, NewSession | LoginRefused] = {}
+
+    def setup(name: str) -> None:
+        barrier.wait()
+        results[name] = accounts.setup_first_admin(code, name, PASSWORD, None)
+
+    threads = [threading.Thread(target=setup, args=(name,)) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    made = [name for name, result in results.items() if isinstance(result, NewSession)]
+    assert len(made) == 1
+    assert [user.name for user in accounts.users()] == made
