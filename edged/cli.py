@@ -44,6 +44,7 @@ def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
     check.add_argument("--disable-auto-complete-config", action="store_true")
 
     _add_token_commands(commands)
+    _add_admin_commands(commands)
     _add_sync_commands(commands)
     _add_fleet_commands(commands)
     _add_publish_commands(commands)
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     if args.command == "token":
         return _token(args)
+    if args.command == "admin":
+        return _admin(args)
     if args.command == "sync":
         return _sync(args)
     if args.command == "fleet":
@@ -292,6 +295,81 @@ def _token(args: argparse.Namespace) -> int:
         print(f"edged: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+# --- edged admin ------------------------------------------------------------------------------------------------
+
+
+def _add_admin_commands(commands: Any) -> None:
+    admin = commands.add_parser(
+        "admin",
+        help="create, list and disable the web console's users, and set their passwords",
+        description="Console users log in with a name and password (hashed with argon2id in the state database). "
+        "Roles, as for API tokens: viewer (sees everything), operator (also loads, unloads and uploads models), "
+        "admin (also manages users and tokens). A password has 12 to 1024 printable characters and does not contain "
+        "the user name.",
+    )
+    admin.add_argument("--state-dir", type=Path, help="the state directory (default: as edged serve finds it)")
+    admin.add_argument("--config", help="the configuration file to read state_dir from")
+    actions = admin.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="make a user (the password is asked for twice)")
+    create.add_argument("--name", required=True, help="letters, digits and . _ @ -, up to 64")
+    create.add_argument("--role", required=True, choices=[role.value for role in Role])
+    create.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+    actions.add_parser("list", help="list the users (never their password hashes)")
+    disable = actions.add_parser("disable", help="disable a user and end its sessions")
+    disable.add_argument("name")
+    passwd = actions.add_parser("passwd", help="set a user's password and end its sessions")
+    passwd.add_argument("name")
+    passwd.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from edged.core.accounts import AccountError, Accounts
+    from edged.state.store import StateError, StateStore
+
+    try:
+        password = _new_password(args) if args.action in ("create", "passwd") else ""
+        with StateStore.open(_state_dir(args)) as store:
+            accounts = Accounts(store)
+            if args.action == "create":
+                user, _ = accounts.create_user(args.name, Role(args.role), password, actor="cli")
+                print(f"edged: user '{user.name}' ({user.role.value}) created", file=sys.stderr)
+            elif args.action == "list":
+                print(f"{'NAME':24} {'ROLE':9} {'STATE':9} {'CREATED':26} PASSWORD SET")
+                for user in accounts.users():
+                    state = "disabled" if user.disabled_at else "active"
+                    created = user.created_at.isoformat(timespec="seconds")
+                    changed = user.password_changed_at.isoformat(timespec="seconds")
+                    print(f"{user.name:24} {user.role.value:9} {state:9} {created:26} {changed}")
+            elif args.action == "disable":
+                audit = accounts.disable_user(args.name, actor="cli")
+                print(f"edged: user '{args.name}' disabled; {audit.detail}", file=sys.stderr)
+            else:
+                audit = accounts.set_password(args.name, password, actor="cli")
+                print(f"edged: password of '{args.name}' set; {audit.detail}", file=sys.stderr)
+    except (AccountError, ConfigError, StateError, ValueError) as error:
+        print(f"edged: {error}", file=sys.stderr)
+        return 1
+    except (EOFError, KeyboardInterrupt):
+        print("edged: no password given", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _new_password(args: argparse.Namespace) -> str:
+    """The password from standard input (its first line), or asked for twice on the terminal."""
+    if args.password_stdin:
+        line = sys.stdin.readline()
+        if not line:
+            raise ValueError("--password-stdin: standard input is empty")
+        return line.rstrip("\r\n")
+    import getpass
+
+    password = getpass.getpass("Password: ")
+    if getpass.getpass("Password again: ") != password:
+        raise ValueError("the two passwords differ")
+    return password
 
 
 # --- edged keygen, edged publish ---------------------------------------------------------------------------------

@@ -175,3 +175,50 @@ class SyncVerdict(Base):
     verdict: Mapped[str] = mapped_column(String)
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class User(Base):
+    """A console user: a unique name, a role (viewer, operator, admin, as API tokens have), and the argon2id hash
+    of the password (the PHC string, parameters included, so a hash made with older parameters still verifies).
+    ``disabled_at``: the user may no longer log in; the row stays, so that the history's names keep meaning."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+    role: Mapped[str] = mapped_column(String)
+    password_hash: Mapped[str] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    password_changed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class LoginSession(Base):
+    """A console session. ``id`` is the SHA-256 of the session secret the browser holds in its cookie: the secret
+    itself is never stored. ``csrf_key`` keys the HMAC that makes the session's CSRF token. A session ends at
+    ``expires_at`` (absolute), after an idle time past ``last_seen_at``, or when revoked (logout, a password change,
+    the user disabled)."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_user_id", "user_id"),)
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    csrf_key: Mapped[str] = mapped_column(String)
+    peer: Mapped[str | None] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class LoginFailure(Base):
+    """One failed login, under each key it counts against: ``user:<name>`` and ``address:<client address>``.
+    Kept only for the throttling window; older rows of a key go when it fails again."""
+
+    __tablename__ = "login_failures"
+    __table_args__ = (Index("ix_login_failures_key_at", "key", "at"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)

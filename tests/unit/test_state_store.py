@@ -44,6 +44,9 @@ TABLES: Final = {
     "sync_verdicts",
     "desired_versions",
     "api_tokens",
+    "users",
+    "sessions",
+    "login_failures",
 }
 
 
