@@ -330,7 +330,12 @@ class MetricsHistory:
             while start > oldest and self._times[(start - 1) % self.capacity] > since:
                 start -= 1
             points = range(start, self._count)
-        slots = [n % self.capacity for n in points]
+        # The points' slots as at most two runs of the ring (it wraps once), read as slices.
+        first, count = points.start % self.capacity, len(points)
+        runs = [(first, min(first + count, self.capacity))]
+        if first + count > self.capacity:
+            runs.append((0, first + count - self.capacity))
+        slots = _Slots(runs)
         names = [model] if model is not None else sorted(self._models)
         models: dict[str, Any] = {}
         for name in names:
@@ -347,13 +352,13 @@ class MetricsHistory:
                 "latency_ms": {label: _floats(values[label], slots) for label, _ in PERCENTILES},
                 "batch_size_mean": _floats(values["batch_size_mean"], slots),
                 "batch_executions": [
-                    [batches[bucket * self.capacity + slot] for slot in slots] for bucket in range(len(BATCH_BUCKETS))
+                    slots.shifted(batches, bucket * self.capacity) for bucket in range(len(BATCH_BUCKETS))
                 ],
             }
         return {
             "interval_s": SAMPLE_INTERVAL_S,
             "capacity": self.capacity,
-            "time": [self._times[slot] for slot in slots],
+            "time": slots.of(self._times),
             "last": self._times[(self._count - 1) % self.capacity] if self._count > self._first else None,
             "batch_size_buckets": list(BATCH_BUCKETS),
             "device": {
@@ -373,10 +378,31 @@ class MetricsHistory:
         }
 
 
-def _floats(values: array[float], slots: list[int]) -> list[float | None]:
+class _Slots:
+    """Which slots of the ring a reply holds: runs of [start, end), oldest first."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self, runs: list[tuple[int, int]]) -> None:
+        self.runs = runs
+
+    def of(self, values: array[Any]) -> list[Any]:
+        out: list[Any] = []
+        for start, end in self.runs:
+            out += values[start:end].tolist()
+        return out
+
+    def shifted(self, values: array[Any], offset: int) -> list[Any]:
+        out: list[Any] = []
+        for start, end in self.runs:
+            out += values[offset + start : offset + end].tolist()
+        return out
+
+
+def _floats(values: array[float], slots: _Slots) -> list[float | None]:
     # Four decimals: enough for a chart, and no float32 noise (0.1 kept as 0.10000000149) in the JSON.
-    return [None if (v := values[slot]) != v else round(v, 4) for slot in slots]
+    return [None if math.isnan(v) else round(v, 4) for v in slots.of(values)]
 
 
-def _ints(values: array[float], slots: list[int]) -> list[int | None]:
-    return [None if (v := values[slot]) != v else int(v) for slot in slots]
+def _ints(values: array[float], slots: _Slots) -> list[int | None]:
+    return [None if math.isnan(v) else int(v) for v in slots.of(values)]
