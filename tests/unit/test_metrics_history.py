@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from edged.core.metrics_history import (
     percentile,
 )
 from edged.core.stats import LATENCY_BUCKETS, ExecutionTiming, FailureReason, ModelStatistics, latency_bucket_bounds
+from edged.frontends.metrics.system import DeviceReader
 
 
 class Clock:
@@ -280,3 +282,19 @@ def test_memory_for_twenty_busy_models_is_bounded() -> None:
 def test_capacity_must_hold_a_point() -> None:
     with pytest.raises(ValueError, match="at least one point"):
         MetricsHistory(list, capacity=0)
+
+
+def test_the_device_reader_reads_this_machine() -> None:
+    reader = DeviceReader(cpu=True, gpu=False)
+    try:
+        sum(range(200_000))  # some CPU time between the readings
+        time.sleep(0.05)
+        sample = reader.read()
+    finally:
+        reader.close()
+    assert sample.cpu_utilization is not None and 0.0 <= sample.cpu_utilization <= 1.0
+    assert sample.memory_total is not None and sample.memory_used is not None
+    assert 0 < sample.memory_used <= sample.memory_total
+    assert sample.gpus == ()
+    quiet = DeviceReader(cpu=False, gpu=False)
+    assert quiet.read() == DeviceSample()
