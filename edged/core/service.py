@@ -7,9 +7,10 @@ reports failures as EdgedError with Triton's codes for each frontend to map.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edged import __version__
 from edged.core.names import model_name_problem, printable
@@ -30,6 +31,7 @@ from edged.errors import EdgedError, ErrorCode
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from edged.core.metrics_history import MetricsHistory
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import IndexEntry, ModelRepositoryManager, ModelVersion
     from edged.core.scheduling.scheduler import Scheduler
@@ -100,10 +102,12 @@ class InferenceService:
         shared_memory: SharedMemoryManager | None = None,
         controller: ModelController | None = None,
         sync: SyncControl | None = None,
+        history: MetricsHistory | None = None,
     ) -> None:
         """``controller``: model control, for the repository API (None: loads and unloads are refused); ``sync``:
-        repository sync, when a repository is remote."""
+        repository sync, when a repository is remote; ``history``: the last minutes of metrics, for live charts."""
         self.sync = sync
+        self._history = history
         self._manager = manager
         # The shared-memory extension's regions; frontends call its register/unregister/status directly.
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)
@@ -168,6 +172,17 @@ class InferenceService:
 
     def statistics(self, name: str, version: int) -> list[ModelStatistics]:
         return self._manager.statistics(name, version)
+
+    def metrics_history(self, model: str | None, since: float | None) -> dict[str, Any]:
+        """The short metrics history (edged.core.metrics_history) of one model or of every model (None), the points
+        after ``since`` only, JSON-ready."""
+        if self._history is None:
+            raise EdgedError(ErrorCode.UNAVAILABLE, "this server keeps no metrics history")
+        if model is not None and (problem := model_name_problem(model)) is not None:
+            raise EdgedError(ErrorCode.INVALID_ARG, f"'{printable(model)}' cannot be a model name: {problem}")
+        if since is not None and not math.isfinite(since):
+            raise EdgedError(ErrorCode.INVALID_ARG, "'since' must be a finite number of seconds since the epoch")
+        return self._history.history(model, since)
 
     async def load_model(self, name: str, config_json: str | None, files: dict[str, bytes]) -> None:
         """The repository extension's load: the model (re)loads beside what serves; errors say why."""

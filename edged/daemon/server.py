@@ -9,8 +9,9 @@ start in this order:
 2. ``sockets``: the HTTP and metrics ports, bound before the models load so that a port in use fails at once,
    and ``TLS``: the endpoints' certificates, read and checked then too;
 3. ``models``: model control, which loads what this mode serves;
-4. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC;
-5. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
+4. ``metrics history``: a point of every model's and the device's metrics each second, for the console;
+5. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC;
+6. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
 
 Adding a part (sync, the console) is one line in ``_parts``. Signals: edged.daemon.signals. Start-up problems of
 the daemon itself (a port in use, a repository it cannot read, a state directory it cannot write) end it with
@@ -30,6 +31,7 @@ from edged import __version__
 from edged.backends import BackendRegistry
 from edged.core.access import AccessPolicy, TokenVerifier
 from edged.core.devices import DeviceInventory
+from edged.core.metrics_history import MetricsHistory
 from edged.core.repository.control import ControlMode, ControlOptions, ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
 from edged.core.service import InferenceService
@@ -46,6 +48,7 @@ from edged.daemon.endpoints import (
     metrics_endpoint,
     raise_file_limit,
 )
+from edged.daemon.history import MetricsHistoryPart
 from edged.daemon.parts import Part, Parts
 from edged.daemon.reload import read_settings, reload
 from edged.daemon.signals import Signals
@@ -55,7 +58,7 @@ from edged.frontends.access import access_refusal_counter, counting
 from edged.frontends.http import refusal_counter
 from edged.frontends.metrics.endpoint import MetricsCollector, edged_registry
 from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
-from edged.frontends.metrics.system import SystemMetrics
+from edged.frontends.metrics.system import DeviceReader, SystemMetrics
 from edged.state.store import StateError, StateStore
 
 if TYPE_CHECKING:
@@ -89,6 +92,8 @@ class Core:
     registry: CollectorRegistry
     refused: Counter
     access: AccessPolicy
+    # The last minutes of metrics, sampled by MetricsHistoryPart, for the console's live charts.
+    history: MetricsHistory
 
     # Repository sync, when a repository is remote (s3://, gs://).
     sync: RepositorySync | None = None
@@ -145,6 +150,7 @@ class Core:
         registry = edged_registry()
         sync = build_sync(settings, controller, manager, store, registry) if settings.remote_repositories else None
         shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
+        history = MetricsHistory(lambda: manager.statistics("", -1))
         service = InferenceService(
             manager,
             server_id=settings.server_id,
@@ -152,13 +158,25 @@ class Core:
             shared_memory=shared_memory,
             controller=controller,
             sync=sync,
+            history=history,
         )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)
         refused = refusal_counter(registry)
         access = AccessPolicy(settings.access, TokenVerifier(store), counting(access_refusal_counter(registry)))
         return cls(
-            executor, backends, latencies, manager, controller, shared_memory, service, registry, refused, access, sync
+            executor,
+            backends,
+            latencies,
+            manager,
+            controller,
+            shared_memory,
+            service,
+            registry,
+            refused,
+            access,
+            history,
+            sync,
         )
 
     def status(self, endpoints: str) -> str:
@@ -330,6 +348,8 @@ def _parts(
     yield ModelsPart(core, settings)
     if core.sync is not None:
         yield SyncPart(core.sync)
+    device = DeviceReader(cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics)
+    yield MetricsHistoryPart(core.history, device)
     assert sockets.http is not None
     http = http_endpoint(settings, core.service, sockets.http, core.refused, core.access, tls.http)
     endpoints.append(http)

@@ -76,6 +76,7 @@ def test_every_http_route_has_its_tritons_category() -> None:
         "/v2/edged/sync/resume": Category.MODEL_REPOSITORY,
         "/v2/edged/sync/history": Category.MODEL_REPOSITORY,
         "/v2/edged/tokens": Category.TOKENS,
+        "/v2/edged/metrics/history": Category.STATISTICS,
         "/v2/edged/tokens/{name}": Category.TOKENS,
     }
     # Every route the app serves is listed above: a new route must be given its category.

@@ -40,6 +40,8 @@ def http_category(method: str, path: str) -> Category:
         return Category.METADATA  # GET /v2
     if parts[1:3] == ["edged", "tokens"]:
         return Category.TOKENS
+    if parts[1:4] == ["edged", "metrics", "history"]:
+        return Category.STATISTICS  # read-only, as the statistics extension it is drawn from
     if parts[1] != "models":
         return _TOP.get(parts[1], Category.MODEL_REPOSITORY)
     if parts[2:] == ["stats"]:

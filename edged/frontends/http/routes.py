@@ -342,6 +342,19 @@ async def model_history(request: Request[Any, Any, Any], model: str | None = Non
     )
 
 
+@get("/v2/edged/metrics/history", sync_to_thread=False)
+def metrics_history(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The last minutes of metrics, a point a second: ``?model=`` one model's only, ``?since=`` (the ``time`` of the
+    last point a poll received) only the points after it."""
+    model = request.query_params.get("model") or None
+    since_text = request.query_params.get("since")
+    try:
+        since = float(since_text) if since_text else None
+    except ValueError:
+        raise EdgedError(ErrorCode.INVALID_ARG, "'since' must be a number of seconds since the epoch") from None
+    return _json(_service(request).metrics_history(model, since))
+
+
 @post(
     [
         "/v2/repository/{repository:str}/index",
@@ -522,6 +535,7 @@ def create_http_app(service: InferenceService, options: HttpOptions, access: Acc
             repository_load,
             repository_unload,
             model_history,
+            metrics_history,
             sync_status,
             sync_now,
             sync_pause,

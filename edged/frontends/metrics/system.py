@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from edged.core.metrics_history import DeviceSample, GpuSample
 from edged.frontends.metrics.exposition import Family
 
 log = logging.getLogger(__name__)
@@ -238,3 +239,36 @@ class SystemMetrics:
                     used.add((), self._memory[1])
                     families += [total, used]
         return families
+
+
+class DeviceReader:
+    """The device as the metrics history samples it every second (edged.core.metrics_history.DeviceReader): CPU
+    utilization since the previous reading, memory, and each GPU. Its own readings, apart from SystemMetrics',
+    whose interval is --metrics-interval-ms and which runs only while the metrics endpoint does. Blocking: called
+    from a worker thread, one call at a time."""
+
+    def __init__(self, *, cpu: bool, gpu: bool) -> None:
+        self._cpu = cpu
+        self._nvml = Nvml.open() if gpu else None
+        self._cpu_times = read_cpu_times() if cpu else None
+
+    def read(self) -> DeviceSample:
+        utilization: float | None = None
+        memory: tuple[int, int] | None = None
+        if self._cpu:
+            times = read_cpu_times()
+            previous, self._cpu_times = self._cpu_times, times
+            if previous is not None and times is not None and times.total > previous.total:
+                utilization = (times.busy - previous.busy) / (times.total - previous.total)
+            memory = read_memory()
+        gpus = tuple(
+            GpuSample(gpu.uuid, gpu.utilization, gpu.memory_total, gpu.memory_used)
+            for gpu in (self._nvml.poll() if self._nvml is not None else ())
+        )
+        return DeviceSample(utilization, memory[0] if memory else None, memory[1] if memory else None, gpus)
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.close()
+            self._nvml = None
