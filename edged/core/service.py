@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import IndexEntry, ModelRepositoryManager, ModelVersion
+    from edged.core.repository.uploads import ModelUploads
     from edged.core.scheduling.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
     from edged.core.sync_control import SyncControl
@@ -100,10 +101,12 @@ class InferenceService:
         shared_memory: SharedMemoryManager | None = None,
         controller: ModelController | None = None,
         sync: SyncControl | None = None,
+        uploads: ModelUploads | None = None,
     ) -> None:
         """``controller``: model control, for the repository API (None: loads and unloads are refused); ``sync``:
-        repository sync, when a repository is remote."""
+        repository sync, when a repository is remote; ``uploads``: model uploads (None: refused)."""
         self.sync = sync
+        self.uploads = uploads
         self._manager = manager
         # The shared-memory extension's regions; frontends call its register/unregister/status directly.
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)
