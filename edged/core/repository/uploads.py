@@ -114,6 +114,9 @@ class ModelUploads:
         self._options = options
         self._locks: dict[str, asyncio.Lock] = {}
         self._in_progress = 0
+        if options.state_dir is not None:
+            # What an upload cut short by a crash or a power cut left behind.
+            remove_tree(options.state_dir, options.state_dir / UPLOADS)
 
     @property
     def limits(self) -> ArchiveLimits:
