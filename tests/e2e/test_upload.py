@@ -266,7 +266,12 @@ def test_a_broken_config_is_refused_with_its_line_and_nothing_changes(server: Se
 def test_a_model_that_fails_to_load_is_removed_again(server: Server, source: Path) -> None:
     repository = server_repository(server)
     before = tree(repository)
-    # A valid config whose model file is not an ONNX model: the config reads, the load fails.
+    # A valid config whose model file is not an ONNX model: the config reads, the load fails. Not activated, the
+    # trial load (as check-repo's) refuses it.
+    trial = upload(server, "resident", zip_of(("1/model.onnx", b"not onnx")))
+    assert trial.status == 400, trial.body
+    assert trial.json()["problems"][0].startswith("version 4: "), trial.body
+    assert tree(repository) == before
     reply = upload(server, "resident", zip_of(("1/model.onnx", b"not onnx")), activate=True)
     assert reply.status == 400, reply.body
     assert "failed to load" in reply.error()

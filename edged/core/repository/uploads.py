@@ -13,7 +13,8 @@ as ``zip -r add_sub.zip add_sub`` makes it, unless that folder is itself a versi
 
 The steps: every member inspected (edged.core.repository.archives) before anything is written; the archive
 extracted into ``<state dir>/uploads/<id>/`` with the model's config beside it; the config read and checked as
-``edged check-repo`` reads it (errors carry ``<model>/config.pbtxt:line:column``); the folder moved into the
+``edged check-repo`` reads it (errors carry ``<model>/config.pbtxt:line:column``), and, unless the upload is to be
+activated, each new version loaded and unloaded again as check-repo does; the folder moved into the
 repository with one rename (a copy into a hidden folder beside it first when the state directory is on another
 file system); the upload recorded in the model history (origin ``upload``); then, when asked, the model loaded
 through model control, and the new version removed again if it fails to load (the version serving before keeps
@@ -193,7 +194,7 @@ class ModelUploads:
                 await asyncio.to_thread(shutil.copyfile, config, staged_model / CONFIG_FILENAME)
             await asyncio.to_thread(os.rename, staged_model / "_version", staged_model / str(version))
             source = ModelSource(name, staged_model, staging)
-        await self._check(name, source, version if existing is not None else None)
+        await self._check(name, source, version if existing is not None else None, trial=not activate)
         destination = await asyncio.to_thread(self._move, name, staged_model, existing, repository, version)
         installed = f"version {version}" if existing is not None else f"new model, versions {plan.versions}"
         log.info("model '%s' uploaded: %s", name, installed)
@@ -235,10 +236,12 @@ class ModelUploads:
             raise conflict("every model repository of this server is synced (s3:// or gs://): upload to the bucket")
         return None, local[0]
 
-    async def _check(self, name: str, source: ModelSource, version: int | None) -> None:
-        """Read and complete the staged config as ``edged check-repo`` does; UploadInvalid with the problem."""
+    async def _check(self, name: str, source: ModelSource, version: int | None, *, trial: bool) -> None:
+        """Read and complete the staged config as ``edged check-repo`` does, and with ``trial`` load each staged
+        version and unload it again, as check-repo does too (an activation loads it for real instead, and undoes
+        the upload if that fails); UploadInvalid with the problems."""
         try:
-            _config, versions = await asyncio.to_thread(self._manager.read_config, source)
+            config, versions = await asyncio.to_thread(self._manager.read_config, source)
         except VersionsUnavailable as exc:
             raise UploadInvalid(name, [exc.error.message]) from None
         except EdgedError as exc:
@@ -250,6 +253,17 @@ class ModelUploads:
             raise UploadInvalid(
                 name, [f"version {version} would not be served under the version_policy of model '{name}'"]
             )
+        if not trial or config.platform == "ensemble":
+            return  # an ensemble's steps are checked against the models it is made of when it loads
+        problems = []
+        for number in versions:
+            loaded = await asyncio.to_thread(self._manager.load_version, source, config, number)
+            if loaded.state is not ModelState.READY:
+                problems.append(f"version {number}: {loaded.reason}")
+            elif loaded.backend_model is not None:
+                await asyncio.to_thread(loaded.backend_model.unload)
+        if problems:
+            raise UploadInvalid(name, problems)
 
     def _move(self, name: str, staged: Path, existing: ModelSource | None, repository: Path, version: int) -> Path:
         """Into the repository in one rename: the model folder (new model) or its version folder."""
