@@ -270,7 +270,7 @@ def test_a_model_that_fails_to_load_is_removed_again(server: Server, source: Pat
     # trial load (as check-repo's) refuses it.
     trial = upload(server, "resident", zip_of(("1/model.onnx", b"not onnx")))
     assert trial.status == 400, trial.body
-    assert trial.json()["problems"][0].startswith("version 4: "), trial.body
+    assert trial.json()["problems"][0].startswith("version 4: ") and trial.json()["version"] == 4, trial.body
     assert tree(repository) == before
     reply = upload(server, "resident", zip_of(("1/model.onnx", b"not onnx")), activate=True)
     assert reply.status == 400, reply.body

@@ -263,7 +263,7 @@ class ModelUploads:
             elif loaded.backend_model is not None:
                 await asyncio.to_thread(loaded.backend_model.unload)
         if problems:
-            raise UploadInvalid(name, problems)
+            raise UploadInvalid(name, problems, version)
 
     def _move(self, name: str, staged: Path, existing: ModelSource | None, repository: Path, version: int) -> Path:
         """Into the repository in one rename: the model folder (new model) or its version folder."""
