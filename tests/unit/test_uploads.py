@@ -15,11 +15,14 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from edged.backends import BackendRegistry
+from edged.config.options import OPTIONS
+from edged.config.settings import Settings
 from edged.core.repository.archives import ArchiveLimits, ArchiveRefused, Member, extract, inspect, member_path
 from edged.core.repository.control import ControlMode, ControlOptions, ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager
 from edged.core.repository.scan import ModelSource
 from edged.core.repository.uploads import ModelUploads, UploadInvalid, UploadOptions, _plan
+from edged.daemon.sync import mirrors
 from edged.errors import EdgedError, ErrorCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -251,3 +254,13 @@ def test_synced_models_are_refused_and_new_models_go_to_the_first_local_reposito
     all_synced = uploads_for(tmp_path, [mirror], frozenset({mirror}))
     with pytest.raises(EdgedError, match="every model repository"):
         asyncio.run(all_synced.precheck("another", activate=False))
+
+
+def test_the_daemon_knows_which_repositories_are_synced_mirrors(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    local.mkdir()
+    values = {option.key: option.default_value() for option in OPTIONS}
+    values |= {"model_repository": [str(local), "s3://bucket/models"], "state_dir": str(tmp_path / "state")}
+    settings = Settings.from_options(values, {})
+    assert mirrors(settings) == frozenset({settings.model_repositories[1]})
+    assert settings.model_repositories[0] == local.resolve()
