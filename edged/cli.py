@@ -46,6 +46,7 @@ def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
     _add_token_commands(commands)
     _add_admin_commands(commands)
     _add_sync_commands(commands)
+    _add_upload_command(commands)
     _add_fleet_commands(commands)
     _add_publish_commands(commands)
     commands.add_parser("devices", help="print the devices model instances can run on (CPUs, GPUs, plug-ins' NPUs)")
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return _admin(args)
     if args.command == "sync":
         return _sync(args)
+    if args.command == "upload":
+        return _upload(args)
     if args.command == "fleet":
         return _fleet(args)
     if args.command in ("keygen", "publish"):
@@ -152,6 +155,75 @@ def _sync(args: argparse.Namespace) -> int:
         print(_sync_status(answer), end="")
     failed = args.action == "now" and any(run["outcome"] == "failed" for run in answer["runs"])
     return 1 if failed else 0
+
+
+# --- edged upload -----------------------------------------------------------------------------------------------
+
+
+def _add_upload_command(commands: Any) -> None:
+    upload = commands.add_parser(
+        "upload",
+        help="upload a model, or a new version of one, to a running edged (a .zip or .tar.gz archive)",
+        description="Sends ARCHIVE to a running edged (POST /v2/edged/models/NAME/upload), which checks it and "
+        "installs it as model NAME (a model folder: config.pbtxt and numbered version folders) or as the next "
+        "version of NAME (the files of one version). Guarded like the repository API: on the device itself "
+        "loopback is trusted by default; elsewhere pass an operator token.",
+    )
+    upload.add_argument("archive", type=Path, help="a .zip or .tar.gz archive")
+    upload.add_argument("--model", required=True, help="the model's name")
+    upload.add_argument("--activate", action="store_true", help="load the model once installed")
+    upload.add_argument("--url", default="http://127.0.0.1:8000", help="edged's HTTP endpoint (%(default)s)")
+    upload.add_argument("--token", default=os.environ.get("EDGED_TOKEN"), help="an API token (default: $EDGED_TOKEN)")
+    upload.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    upload.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for an answer (%(default)s)")
+
+
+def _upload(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    archive: Path = args.archive
+    try:
+        size = archive.stat().st_size
+        body = archive.open("rb")
+    except OSError as error:
+        print(f"edged: {archive}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    zipped = body.read(4).startswith(b"PK")
+    body.seek(0)
+    path = f"/v2/edged/models/{urllib.parse.quote(args.model, safe='')}/upload"
+    url = args.url.rstrip("/") + path + ("?activate=true" if args.activate else "")
+    # A file object with a Content-Length: urllib sends it in blocks as it reads it, never whole.
+    request = urllib.request.Request(url, method="POST", data=body)
+    request.add_header("Content-Type", "application/zip" if zipped else "application/gzip")
+    request.add_header("Content-Length", str(size))
+    if args.token:
+        request.add_header("Authorization", f"Bearer {args.token}")
+    try:
+        with body, urllib.request.urlopen(request, timeout=args.timeout) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        try:
+            refusal = json.loads(error.read())
+        except ValueError:
+            refusal = {}
+        problems = refusal.get("problems") or [refusal.get("error", error.reason)]
+        print(f"edged: {args.url}: HTTP {error.code}: {problems[0]}", file=sys.stderr)
+        for problem in problems[1:]:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as error:
+        print(f"edged: {args.url} cannot be reached: {getattr(error, 'reason', error)}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        what = "new model" if answer["created"] else "new version"
+        state = "loaded" if answer["loaded"] else "not loaded"
+        print(f"model '{answer['model']}' version {answer['version']} installed ({what}, {state})")
+    return 0
 
 
 def _run_line(run: dict[str, Any]) -> str:

@@ -304,6 +304,23 @@ OPTIONS: Final[tuple[Option, ...]] = (
         metavar="N",
     ),
     Option(
+        "upload-max-bytes",
+        "int",
+        2 * 1024 * MIB,
+        "largest model archive POST /v2/edged/models/{model}/upload accepts, in bytes (streamed to the state "
+        "directory, never held in memory)",
+        low=1,
+        metavar="BYTES",
+    ),
+    Option(
+        "upload-max-extracted-bytes",
+        "int",
+        8 * 1024 * MIB,
+        "most bytes an uploaded model archive may hold once extracted (its members' sizes together)",
+        low=1,
+        metavar="BYTES",
+    ),
+    Option(
         "http-header-timeout-secs",
         "float",
         10.0,

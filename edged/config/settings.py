@@ -35,6 +35,8 @@ class Settings:
     http_port: int
     http_max_input_size: int
     http_max_connections: int
+    upload_max_bytes: int
+    upload_max_extracted_bytes: int
     http_header_timeout_secs: float
     http_body_timeout_secs: float
     http_min_body_rate: int

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from edged.core.metrics_history import MetricsHistory
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import IndexEntry, ModelRepositoryManager, ModelVersion
+    from edged.core.repository.uploads import ModelUploads
     from edged.core.scheduling.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
     from edged.core.sync_control import SyncControl
@@ -103,11 +104,14 @@ class InferenceService:
         controller: ModelController | None = None,
         sync: SyncControl | None = None,
         history: MetricsHistory | None = None,
+        uploads: ModelUploads | None = None,
     ) -> None:
         """``controller``: model control, for the repository API (None: loads and unloads are refused); ``sync``:
-        repository sync, when a repository is remote; ``history``: the last minutes of metrics, for live charts."""
+        repository sync, when a repository is remote; ``history``: the last minutes of metrics, for live charts;
+        ``uploads``: model uploads (None: refused)."""
         self.sync = sync
         self._history = history
+        self.uploads = uploads
         self._manager = manager
         # The shared-memory extension's regions; frontends call its register/unregister/status directly.
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)

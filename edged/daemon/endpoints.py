@@ -60,6 +60,7 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
         keepalive_timeout_s=settings.http_keepalive_timeout_secs,
         max_body_size=settings.http_max_input_size,
         max_chunks=settings.http_max_chunks,
+        max_upload_size=settings.upload_max_bytes,
     )
 
 
@@ -258,7 +259,11 @@ def http_endpoint(
     access: AccessPolicy,
     tls: HttpTls | None = None,
 ) -> UvicornEndpoint:
-    options = HttpOptions(max_input_size=settings.http_max_input_size, max_json_depth=settings.http_max_json_depth)
+    options = HttpOptions(
+        max_input_size=settings.http_max_input_size,
+        max_json_depth=settings.http_max_json_depth,
+        max_upload_size=settings.upload_max_bytes,
+    )
     # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
     fast_infer = access.is_open(Category.INFERENCE, "http")
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
@@ -276,7 +281,10 @@ def metrics_endpoint(
     tls: HttpTls | None = None,
 ) -> UvicornEndpoint:
     limits = dataclasses.replace(
-        connection_limits(settings), max_connections=METRICS_MAX_CONNECTIONS, max_body_size=METRICS_MAX_BODY_SIZE
+        connection_limits(settings),
+        max_connections=METRICS_MAX_CONNECTIONS,
+        max_body_size=METRICS_MAX_BODY_SIZE,
+        max_upload_size=None,
     )
     protocol = LimitedHttpProtocol.limited(limits, "metrics", refused)
     app = AccessMiddleware(create_metrics_app(collector), access, "metrics", lambda _method, _path: Category.METRICS)

@@ -32,8 +32,10 @@ from edged.backends import BackendRegistry
 from edged.core.access import AccessPolicy, TokenVerifier
 from edged.core.devices import DeviceInventory
 from edged.core.metrics_history import MetricsHistory
+from edged.core.repository.archives import ArchiveLimits
 from edged.core.repository.control import ControlMode, ControlOptions, ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
+from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.daemon.endpoints import (
@@ -52,7 +54,7 @@ from edged.daemon.history import MetricsHistoryPart
 from edged.daemon.parts import Part, Parts
 from edged.daemon.reload import read_settings, reload
 from edged.daemon.signals import Signals
-from edged.daemon.sync import SyncPart, build_sync, prepare_mirrors
+from edged.daemon.sync import SyncPart, build_sync, mirrors, prepare_mirrors
 from edged.daemon.systemd import ServiceNotifier
 from edged.frontends.access import access_refusal_counter, counting
 from edged.frontends.http import refusal_counter
@@ -149,6 +151,15 @@ class Core:
         )
         registry = edged_registry()
         sync = build_sync(settings, controller, manager, store, registry) if settings.remote_repositories else None
+        uploads = ModelUploads(
+            controller,
+            manager,
+            UploadOptions(
+                settings.state_dir,
+                ArchiveLimits(max_extracted_bytes=settings.upload_max_extracted_bytes),
+                synced=mirrors(settings),
+            ),
+        )
         shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
         history = MetricsHistory(lambda: manager.statistics("", -1))
         service = InferenceService(
@@ -159,6 +170,7 @@ class Core:
             controller=controller,
             sync=sync,
             history=history,
+            uploads=uploads,
         )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from edged.daemon.endpoints import StartupError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from prometheus_client import CollectorRegistry
 
     from edged.config.settings import Settings
@@ -31,6 +33,16 @@ def prepare_mirrors(settings: Settings) -> None:
             SnapshotStore(settings.state_dir, channel_url(url, settings.sync_channel)).ensure_current()
         except (SyncError, OSError) as exc:
             raise StartupError(f"the local mirror of {url} cannot be prepared: {exc}") from None
+
+
+def mirrors(settings: Settings) -> frozenset[Path]:
+    """The local mirrors of the synced repositories, as they appear among the model repositories."""
+    if not settings.remote_repositories or settings.state_dir is None:
+        return frozenset()
+    from edged.sync.paths import local_repository
+
+    state, channel = settings.state_dir, settings.sync_channel
+    return frozenset(local_repository(state, url, channel) for url in settings.remote_repositories)
 
 
 def build_sync(

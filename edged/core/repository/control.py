@@ -241,6 +241,11 @@ class ModelController:
                 dependents.append(other)
         return sorted(dependents)
 
+    async def note(self, name: str, version: int | None, state: str, reason: str, origin: Origin) -> None:
+        """Record an event that is not a state change of model control's own (an upload installed or removed)."""
+        self._transition(name, version, state, origin, reason)
+        await self._records.written()
+
     async def history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         return await self._records.history(name, offset, limit)
 
@@ -611,7 +616,7 @@ class ModelController:
         duration_s: float | None = None,
     ) -> None:
         # Who asked, for the changes a request made (edged.core.access.ACTOR); the daemon's own changes have nobody.
-        actor = ACTOR.get() if origin is Origin.API else None
+        actor = ACTOR.get() if origin in (Origin.API, Origin.UPLOAD) else None
         self._records.transition(name, version, state, origin.value, reason, duration_s, actor)
 
 

@@ -57,6 +57,8 @@ class HttpOptions:
     max_input_size: int = 64 * 1024 * 1024
     # Deepest nesting of arrays and objects in an infer request's JSON (Triton's limit).
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    # Largest model archive accepted by the upload route, which streams it to disk (--upload-max-bytes).
+    max_upload_size: int = 2 * 1024**3
 
 
 def status_for(error: EdgedError) -> int:

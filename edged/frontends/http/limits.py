@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -46,6 +47,8 @@ LINGER_S = 2.0
 REFUSAL_LOG_INTERVAL_S = 10.0
 
 _Stage = Literal["request", "headers", "body"]
+# The upload route's path, as the parser gives it (a query may follow).
+_UPLOAD_PATH = re.compile(rb"/v2/edged/models/[^/?]+/upload(?:\?.*)?")
 # How the log's summary names each refusal, and the ``reason`` label of its counter.
 _REFUSALS = {
     503: ("over the connection limit (503)", "connection_limit"),
@@ -75,6 +78,8 @@ class ConnectionLimits:
     keepalive_timeout_s: float = 30.0
     max_body_size: int = 64 * 1024 * 1024
     max_chunks: int = 65536  # per chunked request body
+    # The model upload route streams its body to disk, so it has a limit of its own (--upload-max-bytes).
+    max_upload_size: int | None = None
 
 
 class _Refusals:
@@ -201,12 +206,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._chunks = 0
         busy = self.cycle is not None and not self.cycle.response_complete
         # Behind an answer still owed, a refusal would overtake it: the route refuses in order instead.
-        refusal = None if busy else declared_too_large(content_length, self.limits.max_body_size)
+        refusal = None if busy else declared_too_large(content_length, self._body_limit())
         if refusal is not None:
             self._refuse(413, str(refusal), linger=True)
             return False
         self._expect("body", self.limits.body_timeout_s)
         return True
+
+    def _body_limit(self) -> int:
+        upload = self.limits.max_upload_size
+        if upload is not None and _UPLOAD_PATH.fullmatch(getattr(self, "url", b"")):
+            return upload
+        return self.limits.max_body_size
 
     def _request_read(self) -> None:
         """The whole request is in: no clock runs while it is answered (uvicorn's keep-alive timer follows)."""

@@ -29,6 +29,7 @@ from edged.frontends.http.codec import (
 )
 from edged.frontends.http.infer import HttpOptions, InferRoute, status_for
 from edged.frontends.http.openapi import openapi_route
+from edged.frontends.http.uploads import model_upload
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
@@ -536,6 +537,7 @@ def create_http_app(service: InferenceService, options: HttpOptions, access: Acc
             repository_unload,
             model_history,
             metrics_history,
+            model_upload,
             sync_status,
             sync_now,
             sync_pause,
