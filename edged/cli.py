@@ -318,6 +318,12 @@ def _fleet(args: argparse.Namespace) -> int:
 # --- edged token ------------------------------------------------------------------------------------------------
 
 
+def _add_state_dir_arguments(parser: argparse.ArgumentParser) -> None:
+    """The commands that open the state database themselves find it as ``edged serve`` does, or as told."""
+    parser.add_argument("--state-dir", type=Path, help="the state directory (default: as edged serve finds it)")
+    parser.add_argument("--config", help="the configuration file to read state_dir from")
+
+
 def _add_token_commands(commands: Any) -> None:
     token = commands.add_parser(
         "token",
@@ -326,8 +332,7 @@ def _add_token_commands(commands: Any) -> None:
         "the 'authorization' metadata over gRPC (tritonclient's headers= argument). Roles: viewer (read-only APIs), "
         "operator (also model-repository, shared-memory, logging, trace), admin (also token management).",
     )
-    token.add_argument("--state-dir", type=Path, help="the state directory (default: as edged serve finds it)")
-    token.add_argument("--config", help="the configuration file to read state_dir from")
+    _add_state_dir_arguments(token)
     actions = token.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="make a token and print it (the only time it is shown)")
     create.add_argument("--name", required=True, help="a unique name, recorded as who made each change")
@@ -381,8 +386,7 @@ def _add_admin_commands(commands: Any) -> None:
         "admin (also manages users and tokens). A password has 12 to 1024 printable characters and does not contain "
         "the user name.",
     )
-    admin.add_argument("--state-dir", type=Path, help="the state directory (default: as edged serve finds it)")
-    admin.add_argument("--config", help="the configuration file to read state_dir from")
+    _add_state_dir_arguments(admin)
     actions = admin.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="make a user (the password is asked for twice)")
     create.add_argument("--name", required=True, help="letters, digits and . _ @ -, up to 64")
