@@ -11,7 +11,7 @@ from typing import Any
 
 from edged import __version__
 from edged.config import ConfigError, add_serve_options, load, render, settings_from, template
-from edged.config.options import parse_bool
+from edged.config.values import parse_bool
 from edged.core.access import Role, new_token
 
 __all__ = ["build_parser", "main", "parse_bool"]
@@ -278,7 +278,6 @@ def _add_fleet_commands(commands: Any) -> None:
 def _fleet(args: argparse.Namespace) -> int:
     import asyncio
     import json
-    import time
 
     # Imported here: the sync clients are an extra, and no other command needs them.
     from edged.sync import SyncError, open_repository
@@ -298,15 +297,11 @@ def _fleet(args: argparse.Namespace) -> int:
             await base.close()
 
     try:
+        # base.close() waits out the S3 client's runtime threads, so the process can exit right after.
         reports = asyncio.run(read())
     except SyncError as error:
         print(f"edged: {error}", file=sys.stderr)
         return 1
-    finally:
-        # obstore's runtime threads hand each result to the event loop, then wait for the GIL to return; one still
-        # waiting when the interpreter finalizes is ended by pthread_exit, which aborts the process from Rust code
-        # (Python before 3.14). A moment without the GIL lets the last one finish first.
-        time.sleep(0.05)
     now = datetime.now(UTC)
     if args.json:
         print(json.dumps(to_json(reports, now, stale_after), indent=2))
@@ -344,7 +339,8 @@ def _add_token_commands(commands: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from edged.state.store import StateError, StateStore
+    from edged.state.records import StateError
+    from edged.state.store import StateStore
 
     try:
         state_dir = _state_dir(args)
@@ -402,7 +398,8 @@ def _add_admin_commands(commands: Any) -> None:
 
 def _admin(args: argparse.Namespace) -> int:
     from edged.core.accounts import AccountError, Accounts
-    from edged.state.store import StateError, StateStore
+    from edged.state.records import StateError
+    from edged.state.store import StateStore
 
     try:
         password = _new_password(args) if args.action in ("create", "passwd") else ""

@@ -11,109 +11,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from edged.core.access import parse_categories, parse_certificate_role, parse_restricted
-from edged.frontends.metrics.config import parse_metrics_config
+from edged.config.values import (
+    check_backend_config,
+    check_categories,
+    check_certificate_role,
+    check_channel,
+    check_device_id,
+    check_metrics_config,
+    check_rate,
+    check_repository,
+    check_restricted,
+    describe_value,
+    is_remote,
+    number_text,
+    parse_bool,
+)
 
 ENV_PREFIX: Final = "EDGED_"
 
 Kind = Literal["str", "int", "float", "bool", "path", "choice"]
-
-_TRUE: Final = frozenset({"true", "on", "1", "yes"})
-_FALSE: Final = frozenset({"false", "off", "0", "no"})
-
-
-def parse_bool(text: str) -> bool:
-    """Triton's boolean values: true/false/on/off/1/0 (and yes/no), any case."""
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"expected a boolean (true/false/on/off/1/0), got '{text}'")
-
-
-def is_remote(repository: Any) -> bool:
-    """An ``s3://`` or ``gs://`` repository (synced into a local mirror), not a local folder."""
-    return str(repository).startswith(("s3://", "gs://"))
-
-
-def _check_repository(path: Any) -> None:
-    if is_remote(path):
-        from edged.sync.errors import SyncError
-        from edged.sync.sources import parse_repository_url
-
-        try:
-            parse_repository_url(str(path))
-        except SyncError as error:
-            raise ValueError(str(error)) from None
-    elif not Path(path).is_dir():
-        raise ValueError(f"model repository '{path}' is not a readable directory")
-
-
-_RATE_UNITS: Final = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
-
-
-def parse_rate(text: str) -> int | None:
-    """``0`` (no cap) or bytes a second with an optional k, M or G suffix (``500k``, ``2M``); None for no cap."""
-    stripped = text.strip()
-    number, unit = stripped.rstrip("kKmMgG"), stripped[len(stripped.rstrip("kKmMgG")) :].lower()
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"expected bytes a second such as 500k or 2M (0: no cap), got '{text}'") from None
-    if unit not in _RATE_UNITS or not math.isfinite(value) or value < 0:
-        raise ValueError(f"expected bytes a second such as 500k or 2M (0: no cap), got '{text}'")
-    rate = int(value * _RATE_UNITS[unit])
-    return rate or None
-
-
-def _check_rate(value: Any) -> None:
-    parse_rate(str(value))
-
-
-def _check_channel(value: Any) -> None:
-    from edged.sync.fleet import channel_problem
-
-    problem = channel_problem(str(value))
-    if problem is not None:
-        raise ValueError(problem)
-
-
-def _check_device_id(value: Any) -> None:
-    from edged.sync.fleet import device_id_problem
-
-    problem = device_id_problem(str(value))
-    if problem is not None:
-        raise ValueError(problem)
-
-
-def _check_backend_config(value: Any) -> None:
-    backend, _, setting = str(value).rpartition(",")
-    key, sep, item = setting.partition("=")
-    if not sep or not key:
-        raise ValueError(f"expected [BACKEND,]KEY=VALUE, got '{value}'")
-    if not backend and key == "default-max-batch-size" and not item.isdigit():
-        raise ValueError(f"default-max-batch-size must be a non-negative integer, got '{item}'")
-
-
-def _check_restricted(value: Any) -> None:
-    parse_restricted(str(value), grpc=False)
-
-
-def _check_certificate_role(value: Any) -> None:
-    parse_certificate_role(str(value))
-
-
-def _check_categories(value: Any) -> None:
-    parse_categories(str(value))
-
-
-def _check_metrics_config(value: Any) -> None:
-    try:
-        parse_metrics_config([str(value)])
-    except ValueError as error:
-        # Its messages are written for the flag; the caller names the source instead.
-        raise ValueError(str(error).removeprefix("--metrics-config").lstrip(": ")) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +118,9 @@ class Option:
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"expected a finite number, got {value}")
             if self.low is not None and self.high is not None and not self.low <= value <= self.high:
-                raise ValueError(f"{value} is outside {_number(self.low)}-{_number(self.high)}")
+                raise ValueError(f"{value} is outside {number_text(self.low)}-{number_text(self.high)}")
             if self.low is not None and value < self.low:
-                raise ValueError(f"must be at least {_number(self.low)}, got {value}")
+                raise ValueError(f"must be at least {number_text(self.low)}, got {value}")
         if self.choices and value not in self.choices:
             raise ValueError(f"expected one of {', '.join(self.choices)}, got '{value}'")
         if self.check is not None:
@@ -286,7 +202,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         repeatable=True,
         aliases=("model-store",),
         metavar="PATH",
-        check=_check_repository,
+        check=check_repository,
         remote=True,
         packaged='["/var/lib/edged/models"]',
     ),
@@ -431,7 +347,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "Triton's restricted APIs over HTTP: these categories need header KEY with VALUE (repeatable)",
         repeatable=True,
         metavar="APIS:KEY=VALUE",
-        check=_check_restricted,
+        check=check_restricted,
     ),
     Option(
         "grpc-restricted-protocol",
@@ -441,7 +357,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "(repeatable)",
         repeatable=True,
         metavar="APIS:KEY=VALUE",
-        check=_check_restricted,
+        check=check_restricted,
     ),
     Option(
         "guarded-apis",
@@ -449,7 +365,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "model-repository,shared-memory,logging,trace",
         "API categories a client needs an API token for (or to be on loopback, when trusted): a list, all or none",
         metavar="APIS",
-        check=_check_categories,
+        check=check_categories,
     ),
     Option(
         "client-certificate-role",
@@ -458,7 +374,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "with mutual TLS: the role a verified client certificate stands for, by its subject CN (repeatable)",
         repeatable=True,
         metavar="CN=ROLE",
-        check=_check_certificate_role,
+        check=check_certificate_role,
     ),
     Option(
         "trust-loopback",
@@ -519,7 +435,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "summary_quantiles (q:e,...)",
         repeatable=True,
         metavar="KEY=VALUE",
-        check=_check_metrics_config,
+        check=check_metrics_config,
     ),
     Option("exit-on-error", "bool", False, "exit when a model fails to load at start-up", metavar="BOOL"),
     Option("strict-readiness", "bool", True, "report ready only when every model is ready", metavar="BOOL"),
@@ -587,7 +503,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "0",
         "bandwidth cap of sync downloads in bytes a second, e.g. 500k or 2M (0: no cap)",
         metavar="RATE",
-        check=_check_rate,
+        check=check_rate,
     ),
     Option(
         "sync-trusted-root",
@@ -604,7 +520,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "follow this channel (e.g. stable, canary): the folder of that name under each remote repository",
         metavar="NAME",
         unset="none",
-        check=_check_channel,
+        check=check_channel,
     ),
     Option(
         "device-id",
@@ -613,7 +529,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "this device's name in fleet status reports",
         metavar="NAME",
         unset="the host name",
-        check=_check_device_id,
+        check=check_device_id,
     ),
     Option(
         "sync-report-status",
@@ -662,7 +578,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "backend settings, e.g. python,stub-timeout-seconds=30 or default-max-batch-size=8 (repeatable)",
         repeatable=True,
         metavar="[BACKEND,]KEY=VALUE",
-        check=_check_backend_config,
+        check=check_backend_config,
     ),
     Option(
         "exit-timeout-secs",
@@ -677,23 +593,3 @@ OPTIONS: Final[tuple[Option, ...]] = (
 )
 
 BY_KEY: Final = {option.key: option for option in OPTIONS}
-
-
-def describe_value(value: object) -> str:
-    if isinstance(value, bool):
-        return f"a boolean ({'true' if value else 'false'})"
-    if isinstance(value, str):
-        return f"a string ('{value}')"
-    if isinstance(value, int):
-        return f"an integer ({value})"
-    if isinstance(value, float):
-        return f"a number ({value})"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return f"a {type(value).__name__}"
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)

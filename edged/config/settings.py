@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from edged.config.options import BY_KEY, OPTIONS, is_remote, parse_rate
+from edged.config.options import BY_KEY, OPTIONS
+from edged.config.values import is_remote, parse_rate
 from edged.core.access import (
     AccessOptions,
     parse_categories,

@@ -279,7 +279,7 @@ class TokenVerifier:
     def create(self, name: str, role: Role, expires_at: datetime | None) -> tuple[str, TokenView]:
         """Makes and stores a token: its secret (shown this once) and what may be shown of it. Blocking (SQLite):
         call it off the event loop. ValueError says why a token cannot be made (a name taken, no database)."""
-        from edged.state.store import StateError
+        from edged.state.records import StateError
 
         if not name or len(name) > 64 or not name.isprintable():
             raise ValueError("a token name is 1 to 64 printable characters")

@@ -40,7 +40,8 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from edged.core.access import Role
 
 if TYPE_CHECKING:
-    from edged.state.store import SessionRecord, StateStore, UserRecord
+    from edged.state.accounts import SessionRecord, UserRecord
+    from edged.state.store import StateStore
 
 # argon2id, OWASP's first recommended setting: 19 MiB, 2 passes, 1 lane. A check takes about 20 ms on a desktop
 # core and 100 to 200 ms on a small ARM board, and its memory is what a device with little RAM can spare for each
@@ -197,7 +198,7 @@ class Accounts:
 
     def create_user(self, name: str, role: Role, password: str, *, actor: str) -> tuple[UserView, AuditEntry]:
         """Makes a user; AccountError says why not (a name or password the policy refuses, a name taken)."""
-        from edged.state.store import StateError
+        from edged.state.records import StateError
 
         record = self._new_user(name, role, password)
         try:
@@ -334,7 +335,7 @@ class Accounts:
     # --- inside --------------------------------------------------------------------------------------------
 
     def _new_user(self, name: str, role: Role, password: str) -> UserRecord:
-        from edged.state.store import UserRecord
+        from edged.state.accounts import UserRecord
 
         problem = name_problem(name) or password_problem(name, password)
         if problem is not None:
@@ -345,7 +346,7 @@ class Accounts:
     def _open_session(
         self, name: str, role: Role, peer: str | None, now: datetime, action: Literal["login", "setup"]
     ) -> NewSession:
-        from edged.state.store import SessionRecord
+        from edged.state.accounts import SessionRecord
 
         secret = secrets.token_urlsafe(32)  # 256 bits
         record = SessionRecord(

@@ -58,8 +58,9 @@ async def reload(
 
     The rescan is poll mode's (ModelController.poll_once): models added, changed or removed are loaded, reloaded
     or unloaded without downtime. It runs twice, as two polls would, so that a folder that stopped changing at
-    least SETTLE_S seconds ago is acted on now; one still being written is left for the next reload (or poll). In
-    explicit mode the repository API alone decides what is loaded, so a rescan changes nothing.
+    least SETTLE_S seconds ago (edged.core.repository.poll) is acted on now; one still being written is left for
+    the next reload (or poll). In explicit mode the repository API alone decides what is loaded, so a rescan
+    changes nothing.
     """
     notifier.reloading()
     log.info("reloading: re-reading the configuration and rescanning the model repositories")

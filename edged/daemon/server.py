@@ -61,7 +61,8 @@ from edged.frontends.http import refusal_counter
 from edged.frontends.metrics.endpoint import MetricsCollector, edged_registry
 from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
 from edged.frontends.metrics.system import DeviceReader, SystemMetrics
-from edged.state.store import StateError, StateStore
+from edged.state.records import StateError
+from edged.state.store import StateStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -29,20 +29,18 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 import edged
+from edged.state.accounts import AccountRecords
+from edged.state.records import StateError
 from edged.state.schema import (
     ApiToken,
     Base,
     DesiredModel,
     DesiredVersion,
-    LoginFailure,
-    LoginSession,
     Model,
     ModelVersion,
-    SyncRun,
-    SyncVerdict,
     Transition,
-    User,
 )
+from edged.state.sync_runs import SyncRecords
 
 if TYPE_CHECKING:
     import sqlite3
@@ -82,10 +80,6 @@ _EXPLAINED: Final = {
 }
 
 
-class StateError(Exception):
-    """A state database that cannot be used; the message is one clear line for the operator."""
-
-
 @dataclass(frozen=True, slots=True)
 class HistoryEvent:
     """One state transition of a model (``version`` None) or of one of its versions."""
@@ -116,50 +110,6 @@ class TokenRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class UserRecord:
-    """A console user as stored (``id`` 0 before it is stored). ``password_hash``: argon2id's PHC string."""
-
-    name: str
-    role: str
-    password_hash: str
-    created_at: datetime  # tz-aware, UTC
-    password_changed_at: datetime
-    disabled_at: datetime | None
-    id: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    """A console session as stored: ``id`` is the SHA-256 (hex) of the secret the browser holds, never the secret."""
-
-    id: str
-    user: str  # the user's name
-    csrf_key: str  # hex; keys the HMAC that makes this session's CSRF token
-    peer: str | None  # the client address it was opened from
-    created_at: datetime  # tz-aware, UTC
-    last_seen_at: datetime
-    expires_at: datetime  # the absolute end
-    revoked_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class SyncRunRecord:
-    """One run of a repository sync as the history keeps it (``id`` 0 before it is stored)."""
-
-    source: str
-    outcome: str  # updated, unchanged, held-back, failed, rolled-back, committed
-    revision: str | None
-    previous: str | None
-    files: int
-    bytes: int
-    problem: str | None
-    message: str
-    at: datetime  # tz-aware, UTC
-    duration_s: float | None
-    id: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class SeenVersion:
     """A version of a model as last found in the repository."""
 
@@ -184,8 +134,9 @@ def alembic_config(db: Path) -> Config:
     return config
 
 
-class StateStore:
-    """The daemon's state: models and versions seen, every state transition, explicit mode's desired set."""
+class StateStore(AccountRecords, SyncRecords):
+    """The daemon's state: models and versions seen, every state transition, explicit mode's desired set, API
+    tokens; console accounts (edged.state.accounts) and sync runs (edged.state.sync_runs) by topic of their own."""
 
     def __init__(self, path: Path, engine: Engine, history_per_model: int = HISTORY_PER_MODEL) -> None:
         """Use ``StateStore.open``, which checks and migrates the database first."""
@@ -447,208 +398,6 @@ class StateStore:
             row.revoked_at = _now()
             return True
 
-    # --- console users and sessions -------------------------------------------------------------------------
-
-    def add_user(self, user: UserRecord, *, only_if_none: bool = False) -> UserRecord | None:
-        """Stores a new user and returns it with its id; StateError if the name is taken. ``only_if_none``: only
-        when there is no user yet, else None; checked inside the write transaction, so of two first-run setups
-        (two browsers, or a browser and ``edged admin create``) exactly one makes the first user."""
-        try:
-            with self._session(write=True) as session:
-                if only_if_none and session.scalar(select(func.count()).select_from(User)):
-                    return None
-                row = User(
-                    name=user.name,
-                    role=user.role,
-                    password_hash=user.password_hash,
-                    created_at=user.created_at,
-                    password_changed_at=user.password_changed_at,
-                    disabled_at=user.disabled_at,
-                )
-                session.add(row)
-                session.flush()
-                return _user(row)
-        except StateError as error:
-            if "UNIQUE constraint failed" in str(error):
-                raise StateError(f"a user named '{user.name}' exists already") from None
-            raise
-
-    def users(self) -> list[UserRecord]:
-        """Every user, disabled ones too, oldest first."""
-        with self._session(write=False) as session:
-            return [_user(row) for row in session.scalars(select(User).order_by(User.id))]
-
-    def count_users(self) -> int:
-        with self._session(write=False) as session:
-            return session.scalar(select(func.count()).select_from(User)) or 0
-
-    def find_user(self, name: str) -> UserRecord | None:
-        with self._session(write=False) as session:
-            row = session.scalar(select(User).where(User.name == name))
-            return None if row is None else _user(row)
-
-    def set_password(self, name: str, password_hash: str, at: datetime) -> int | None:
-        """Replaces ``name``'s password hash and revokes every open session of the user, in one transaction;
-        returns how many sessions were revoked, or None when there is no such user."""
-        with self._session(write=True) as session:
-            row = session.scalar(select(User).where(User.name == name))
-            if row is None:
-                return None
-            row.password_hash, row.password_changed_at = password_hash, at
-            return _revoke_sessions(session, row.id, at)
-
-    def rehash_password(self, name: str, old_hash: str, new_hash: str) -> bool:
-        """Replaces a hash made with older parameters by ``new_hash`` of the same password; nothing else changes.
-        False when the hash is no longer ``old_hash`` (the password was changed meanwhile)."""
-        with self._session(write=True) as session:
-            row = session.scalar(select(User).where(User.name == name, User.password_hash == old_hash))
-            if row is None:
-                return False
-            row.password_hash = new_hash
-            return True
-
-    def disable_user(self, name: str, at: datetime) -> int | None:
-        """Disables ``name`` and revokes its open sessions; how many were revoked, None when there is no such user
-        (a user disabled already stays disabled since the first time)."""
-        with self._session(write=True) as session:
-            row = session.scalar(select(User).where(User.name == name))
-            if row is None:
-                return None
-            if row.disabled_at is None:
-                row.disabled_at = at
-            return _revoke_sessions(session, row.id, at)
-
-    def add_session(self, record: SessionRecord) -> None:
-        """Stores a new session of ``record.user``, and drops every session past its absolute expiry."""
-        with self._session(write=True) as session:
-            user_id = session.scalar(select(User.id).where(User.name == record.user))
-            if user_id is None:
-                raise StateError(f"no user named '{record.user}'")
-            session.execute(delete(LoginSession).where(LoginSession.expires_at <= record.created_at))
-            session.add(
-                LoginSession(
-                    id=record.id,
-                    user_id=user_id,
-                    csrf_key=record.csrf_key,
-                    peer=record.peer,
-                    created_at=record.created_at,
-                    last_seen_at=record.last_seen_at,
-                    expires_at=record.expires_at,
-                    revoked_at=record.revoked_at,
-                )
-            )
-
-    def find_session(self, session_id: str) -> tuple[SessionRecord, UserRecord] | None:
-        """A session by its id (the SHA-256 of its secret), with its user; expired and revoked ones too."""
-        with self._session(write=False) as session:
-            found = session.execute(
-                select(LoginSession, User)
-                .join(User, User.id == LoginSession.user_id)
-                .where(LoginSession.id == session_id)
-            ).first()
-            if found is None:
-                return None
-            row, user = found
-            return _login_session(row, user.name), _user(user)
-
-    def touch_session(self, session_id: str, at: datetime) -> None:
-        """Moves a session's last use to ``at``."""
-        with self._session(write=True) as session:
-            row = session.get(LoginSession, session_id)
-            if row is not None:
-                row.last_seen_at = max(row.last_seen_at, at)
-
-    def revoke_session(self, session_id: str, at: datetime) -> bool:
-        """Revokes one session; False when it is unknown or was revoked already."""
-        with self._session(write=True) as session:
-            row = session.get(LoginSession, session_id)
-            if row is None or row.revoked_at is not None:
-                return False
-            row.revoked_at = at
-            return True
-
-    def add_login_failure(self, keys: list[str], at: datetime, keep_since: datetime) -> None:
-        """Records a failed login under each key, dropping the keys' failures older than ``keep_since``."""
-        with self._session(write=True) as session:
-            session.execute(delete(LoginFailure).where(LoginFailure.key.in_(keys), LoginFailure.at < keep_since))
-            session.add_all(LoginFailure(key=key, at=at) for key in keys)
-
-    def login_failures(self, key: str, since: datetime) -> list[datetime]:
-        """The times of ``key``'s failed logins since ``since``, oldest first."""
-        with self._session(write=False) as session:
-            return list(
-                session.scalars(
-                    select(LoginFailure.at)
-                    .where(LoginFailure.key == key, LoginFailure.at >= since)
-                    .order_by(LoginFailure.at)
-                )
-            )
-
-    def clear_login_failures(self, key: str) -> None:
-        with self._session(write=True) as session:
-            session.execute(delete(LoginFailure).where(LoginFailure.key == key))
-
-    # --- repository sync ------------------------------------------------------------------------------------
-
-    def add_sync_run(self, run: SyncRunRecord) -> SyncRunRecord:
-        """Stores a run; keeps the newest ``history_per_model`` runs of its source."""
-        with self._session(write=True) as session:
-            row = SyncRun(
-                source=run.source,
-                outcome=run.outcome,
-                revision=run.revision,
-                previous=run.previous,
-                files=run.files,
-                bytes=run.bytes,
-                problem=run.problem,
-                message=run.message,
-                at=run.at,
-                duration_s=run.duration_s,
-            )
-            session.add(row)
-            session.flush()
-            if row.id % _PRUNE_EVERY == 0:
-                oldest_kept = session.scalar(
-                    select(SyncRun.id)
-                    .where(SyncRun.source == run.source)
-                    .order_by(SyncRun.id.desc())
-                    .offset(self._history_per_model - 1)
-                    .limit(1)
-                )
-                if oldest_kept is not None:
-                    session.execute(delete(SyncRun).where(SyncRun.source == run.source, SyncRun.id < oldest_kept))
-            return _sync_run(row)
-
-    def sync_runs(self, source: str | None, *, offset: int = 0, limit: int = 50) -> tuple[list[SyncRunRecord], int]:
-        """A page of sync runs, newest first, and how many there are; ``source`` None: every source's."""
-        if offset < 0 or limit < 1:
-            raise ValueError(f"sync history needs offset >= 0 and limit >= 1, got offset {offset} and limit {limit}")
-        with self._session(write=False) as session:
-            page = select(SyncRun)
-            count = select(func.count()).select_from(SyncRun)
-            if source is not None:
-                page, count = page.where(SyncRun.source == source), count.where(SyncRun.source == source)
-            total = session.scalar(count) or 0
-            rows = session.scalars(page.order_by(SyncRun.id.desc()).offset(offset).limit(limit))
-            return [_sync_run(row) for row in rows], total
-
-    def set_verdict(self, source: str, revision: str, verdict: str, reason: str) -> None:
-        """Records what a probation decided of ``revision`` (good or bad), replacing an earlier verdict."""
-        with self._session(write=True) as session:
-            row = session.get(SyncVerdict, (source, revision))
-            if row is None:
-                session.add(SyncVerdict(source=source, revision=revision, verdict=verdict, reason=reason, at=_now()))
-            else:
-                row.verdict, row.reason, row.at = verdict, reason, _now()
-
-    def verdicts(self, source: str) -> dict[str, str]:
-        """Revision -> verdict, for one source."""
-        with self._session(write=False) as session:
-            rows = session.execute(
-                select(SyncVerdict.revision, SyncVerdict.verdict).where(SyncVerdict.source == source)
-            )
-            return {revision: verdict for revision, verdict in rows}
-
     # --- maintenance -----------------------------------------------------------------------------------------
 
     def integrity_check(self) -> str:
@@ -790,44 +539,6 @@ def _event(row: Transition, name: str) -> HistoryEvent:
 def _token(row: ApiToken) -> TokenRecord:
     return TokenRecord(
         row.token_id, row.name, row.role, row.secret_sha256, row.created_at, row.expires_at, row.revoked_at
-    )
-
-
-def _user(row: User) -> UserRecord:
-    return UserRecord(
-        row.name, row.role, row.password_hash, row.created_at, row.password_changed_at, row.disabled_at, row.id
-    )
-
-
-def _login_session(row: LoginSession, user: str) -> SessionRecord:
-    return SessionRecord(
-        row.id, user, row.csrf_key, row.peer, row.created_at, row.last_seen_at, row.expires_at, row.revoked_at
-    )
-
-
-def _revoke_sessions(session: Session, user_id: int, at: datetime) -> int:
-    """Revokes every open session of one user inside the caller's transaction; how many."""
-    rows = session.scalars(
-        select(LoginSession).where(LoginSession.user_id == user_id, LoginSession.revoked_at.is_(None))
-    ).all()
-    for row in rows:
-        row.revoked_at = at
-    return len(rows)
-
-
-def _sync_run(row: SyncRun) -> SyncRunRecord:
-    return SyncRunRecord(
-        row.source,
-        row.outcome,
-        row.revision,
-        row.previous,
-        row.files,
-        row.bytes,
-        row.problem,
-        row.message,
-        row.at,
-        row.duration_s,
-        row.id,
     )
 
 

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import ModelRepositoryManager
     from edged.core.sync_control import SyncObserver
-    from edged.state.store import StateStore, SyncRunRecord
+    from edged.state.store import StateStore
+    from edged.state.sync_runs import SyncRunRecord
 
 log = logging.getLogger("edged.sync")
 
@@ -107,7 +108,8 @@ class RepositorySync:
         env: Mapping[str, str],
     ) -> None:
         """Opens a client for each repository (SyncError when a URL is wrong or its client is not installed) and
-        makes sure each has a local snapshot to serve."""
+        expects each to have its local snapshot already (edged.daemon.sync.prepare_mirrors makes them before the
+        server reads them)."""
         self._settings = settings
         self._controller = controller
         self._manager = manager
@@ -120,7 +122,6 @@ class RepositorySync:
         for base in urls:
             url = channel_url(base, settings.channel)  # SyncError for a channel that cannot be a folder
             snapshots = SnapshotStore(state_dir, url)
-            snapshots.ensure_current()
             remote = open_repository(url, env, settings.client)
             verifier = self._verifier(settings, snapshots) if settings.trusted_root is not None else None
             fleet = open_repository(base, env, settings.client) if settings.report_status else None
@@ -391,7 +392,7 @@ class RepositorySync:
         message: str,
         seconds: float | None,
     ) -> SyncRunRecord:
-        from edged.state.store import SyncRunRecord
+        from edged.state.sync_runs import SyncRunRecord
 
         run = SyncRunRecord(
             source.url, outcome, revision, previous, files, transferred, problem, message, datetime.now(UTC), seconds

@@ -44,8 +44,6 @@ DEFAULT_EXPIRES: Final = timedelta(days=30)
 DEFAULT_ROOT_EXPIRES: Final = timedelta(days=365)
 # The most a metadata file read back from the bucket may hold (ngclient's own limit for targets).
 MAX_METADATA_BYTES: Final = 5_000_000
-# Seconds ``edged publish`` waits before exiting (see publish_command).
-EXIT_GRACE_S: Final = 0.2
 _VERSIONED: Final = re.compile(r"(\d+)\.(root|snapshot|targets)\.json")
 
 
@@ -325,11 +323,7 @@ def publish_command(
                 check=check,
             )
         finally:
-            await remote.close()
-            # obstore hands each result back from a runtime thread that lingers an instant after the await ends;
-            # an interpreter finalizing under it aborts the process (a race in pyo3-async-runtimes). A command
-            # that exits right after its last request waits that instant out.
-            await asyncio.sleep(EXIT_GRACE_S)
+            await remote.close()  # waits out the S3 client's runtime threads before the process exits
 
     try:
         done = asyncio.run(run())

@@ -22,13 +22,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
 from edged.state.directory import default_state_dir
+from edged.state.records import StateError
 from edged.state.schema import Base
 from edged.state.store import (
     BUSY_TIMEOUT_S,
     DB_NAME,
     HEAD_REVISION,
     HistoryEvent,
-    StateError,
     StateStore,
     alembic_config,
 )

@@ -13,8 +13,7 @@ replaces stops taking requests at that moment, finishes those it has (never inte
 that fails to load leaves the one serving in place, and the failure is recorded. A version whose files and config
 did not change is kept as it is.
 
-Poll mode never loads a folder that is still being written: a change is acted on once two consecutive polls saw the
-folder identical (names, sizes, modification times) and nothing in it changed for ``SETTLE_S`` seconds.
+Poll mode never loads a folder that is still being written (poll.py decides what a poll acts on).
 
 Every transition (loading, ready, failed and why, unloading, unloaded) goes to the state database with its origin
 (startup, poll, api, upload, sync), when it happened and how long it took, through records.py (one thread of its
@@ -38,12 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from edged.core.access import ACTOR
 from edged.core.names import model_name_problem, printable
-from edged.core.repository.files import FolderPrint, checksum, fingerprint, is_settled, make_private_copy
+from edged.core.repository.files import FolderPrint, checksum, fingerprint
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
 from edged.core.repository.plan import plan_versions
-from edged.core.repository.private_copies import PrivateCopies, override_config_text
+from edged.core.repository.poll import FolderWatch
+from edged.core.repository.private_copies import PrivateCopies
 from edged.core.repository.records import ControlRecords
-from edged.core.repository.scan import ModelSource, scan_repositories
+from edged.core.repository.scan import ModelSource, ScanResult, scan_repositories
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A changed folder must have been left alone this long before poll mode loads it.
-SETTLE_S = 2.0
 # Where private copies of models loaded with override files live, under the state directory.
 PRIVATE_MODELS = "models"
 
@@ -98,8 +96,7 @@ class ModelController:
         self._load_pool = ThreadPoolExecutor(max(1, options.load_thread_count), thread_name_prefix="edged-load")
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: set[asyncio.Task[None]] = set()
-        # Poll mode: each folder's fingerprint at the previous poll, to see that it stopped changing.
-        self._previous: dict[str, Any] = {}
+        self._watch = FolderWatch()
         self._poller: asyncio.Task[None] | None = None
         manager.listing = self._repository_names
 
@@ -120,9 +117,7 @@ class ModelController:
             names = sorted(name for name in wanted if self._loadable_at_start(name))
         else:
             names = sorted(scan.models)
-        # Ensembles load after the models they are made of, which they check at load.
-        ensembles = [name for name in names if name in scan.models and _is_ensemble(scan.models[name].path)]
-        for group in ([name for name in names if name not in ensembles], ensembles):
+        for group in _ensembles_last(names, scan):
             results = await asyncio.gather(
                 *(self._load(name, Origin.STARTUP, private=self._private_current(name)) for name in group),
                 return_exceptions=True,
@@ -181,7 +176,9 @@ class ModelController:
         private = None
         try:
             if config_json is not None or files:
-                private = await self._make_private(name, config_json, files or {})
+                source = (await self._scan()).models.get(name)
+                model_dir = source.path if source is not None else None
+                private = await self._copies.make(name, config_json, files or {}, model_dir, self._load_pool)
             try:
                 await self._load(name, origin, private=private, desired=True)
             finally:
@@ -223,23 +220,10 @@ class ModelController:
                     self._options.unload_timeout_s,
                 )
         if unload_dependents:
-            for dependent in self._dependents(name):
+            for dependent in self._manager.dependents(name):
                 log.info("unloading ensemble '%s', which uses model '%s'", dependent, name)
                 await self.unload(dependent, origin=origin, unload_dependents=True)
         await self._records.written()
-
-    def _dependents(self, name: str) -> list[str]:
-        """The loaded ensembles with a step that names model ``name``."""
-        dependents = []
-        for other in self._manager.names():
-            entry = self._manager.entry(other)
-            if entry is None or entry.config is None or entry.config.platform != "ensemble":
-                continue
-            if not any(v.state is ModelState.READY for v in entry.versions.values()):
-                continue
-            if any(step.model_name == name for step in entry.config.ensemble_scheduling.step):
-                dependents.append(other)
-        return sorted(dependents)
 
     async def note(self, name: str, version: int | None, state: str, reason: str, origin: Origin) -> None:
         """Record an event that is not a state change of model control's own (an upload installed or removed)."""
@@ -259,13 +243,11 @@ class ModelController:
         removed = sorted(name for name in set(names) if name not in scan.models)
         present = sorted(name for name in set(names) if name in scan.models)
         for name in removed:
-            entry = self._manager.entry(name)
-            if entry is not None and any(v.state is ModelState.READY for v in entry.versions.values()):
+            if self._serves(name):
                 log.info("model '%s' is not in the new repository revision: unloading it", name)
                 await self.unload(name, origin=origin)
                 outcomes[name] = None
-        ensembles = [name for name in present if _is_ensemble(scan.models[name].path)]
-        for name in [*(n for n in present if n not in ensembles), *ensembles]:
+        for name in (name for group in _ensembles_last(present, scan) for name in group):
             entry = self._manager.entry(name)
             if self.mode is ControlMode.EXPLICIT and (entry is None or not entry.wanted):
                 continue
@@ -294,26 +276,11 @@ class ModelController:
         prints: dict[str, FolderPrint | None] = await loop.run_in_executor(
             self._load_pool, lambda: {name: fingerprint(source.path) for name, source in scan.models.items()}
         )
-        names = set(prints) | set(self._manager.names())
-        changes: list[asyncio.Future[Any]] = []
-        for name in sorted(names):
-            folder = prints.get(name)
-            entry = self._manager.entry(name)
-            if folder is None:
-                self._previous.pop(name, None)
-                if entry is not None and any(v.state is ModelState.READY for v in entry.versions.values()):
-                    log.info("model '%s' was removed from the repository: unloading it", name)
-                    changes.append(asyncio.ensure_future(self.unload(name, origin=Origin.POLL)))
-                continue
-            key = folder.key()
-            previous, self._previous[name] = self._previous.get(name), key
-            if entry is not None and entry.folder is not None and entry.folder.key() == key:
-                continue  # unchanged since it was loaded
-            if previous != key or not is_settled(folder, SETTLE_S):
-                log.debug("model folder '%s' changed; waiting for it to settle", name)
-                continue
-            log.info("model folder '%s' changed: loading it", name)
-            changes.append(asyncio.ensure_future(self._load(name, Origin.POLL)))
+        unload, load = self._watch.changes(prints, self._manager.names(), self._manager.entry, self._serves)
+        changes: list[asyncio.Future[Any]] = [
+            *(asyncio.ensure_future(self.unload(name, origin=Origin.POLL)) for name in unload),
+            *(asyncio.ensure_future(self._load(name, Origin.POLL)) for name in load),
+        ]
         for outcome in await asyncio.gather(*changes, return_exceptions=True):
             if isinstance(outcome, EdgedError):
                 log.error("%s", outcome.message)
@@ -563,17 +530,6 @@ class ModelController:
 
     # --- private copies (loads with override files) -------------------------------------------------------------
 
-    async def _make_private(self, name: str, config_json: str | None, files: dict[str, bytes]) -> Path:
-        config_text = override_config_text(name, config_json, files)
-        destination = self._copies.new_path(name)
-        source = (await self._scan()).models.get(name)
-        # The repository's files are the starting point only when no file is given: then only the config changes.
-        origin_dir = source.path if source is not None and not files else None
-        await asyncio.get_running_loop().run_in_executor(
-            self._load_pool, make_private_copy, name, destination, origin_dir, config_text, files
-        )
-        return destination
-
     def _private_current(self, name: str) -> Path | None:
         """Explicit mode restores a model from the private copy it was last served from."""
         return self._copies.current(name) if self._options.mode is ControlMode.EXPLICIT else None
@@ -584,6 +540,10 @@ class ModelController:
         self._copies.settle(name, serving, private)
 
     # --- helpers ------------------------------------------------------------------------------------------------
+
+    def _serves(self, name: str) -> bool:
+        entry = self._manager.entry(name)
+        return entry is not None and any(v.state is ModelState.READY for v in entry.versions.values())
 
     def _lock(self, name: str) -> asyncio.Lock:
         lock = self._locks.get(name)
@@ -618,6 +578,13 @@ class ModelController:
         # Who asked, for the changes a request made (edged.core.access.ACTOR); the daemon's own changes have nobody.
         actor = ACTOR.get() if origin in (Origin.API, Origin.UPLOAD) else None
         self._records.transition(name, version, state, origin.value, reason, duration_s, actor)
+
+
+def _ensembles_last(names: Iterable[str], scan: ScanResult) -> tuple[list[str], list[str]]:
+    """``names`` in two groups to load one after the other: ensembles load after the models they are made of,
+    which they check at load."""
+    ensembles = [name for name in names if name in scan.models and _is_ensemble(scan.models[name].path)]
+    return [name for name in names if name not in ensembles], ensembles
 
 
 def _is_ensemble(model_dir: Path) -> bool:

@@ -421,6 +421,18 @@ class ModelRepositoryManager:
             live += int(getattr(version.scheduler, "live_sequences", 0))
         return ModelHealth(ready, live, counts)
 
+    def dependents(self, name: str) -> list[str]:
+        """The loaded ensembles with a step that names model ``name``."""
+        dependents = []
+        for other, entry in self._models.items():
+            if entry.config is None or entry.config.platform != "ensemble":
+                continue
+            if not any(v.state is ModelState.READY for v in entry.versions.values()):
+                continue
+            if any(step.model_name == name for step in entry.config.ensemble_scheduling.step):
+                dependents.append(other)
+        return sorted(dependents)
+
     def ready_versions(self, name: str) -> list[int]:
         entry = self._models.get(name)
         if entry is None:

@@ -4,15 +4,17 @@ restart loads the same copy again. The files themselves are made by edged.core.r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from concurrent.futures import Executor
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
 
 from edged.core.confined import PathOutsideRoot, inside, make_dirs, remove_tree
 from edged.core.names import is_model_name, model_name_problem, printable
-from edged.core.repository.files import sync_directory
+from edged.core.repository.files import make_private_copy, sync_directory
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 
@@ -72,6 +74,20 @@ class PrivateCopies:
     def holds(self, name: str, path: Path) -> bool:
         """Whether ``path`` is one of the model's private copies."""
         return is_model_name(name) and self._root is not None and path.parent == self.base(name)
+
+    async def make(
+        self, name: str, config_json: str | None, files: dict[str, bytes], model_dir: Path | None, pool: Executor
+    ) -> Path:
+        """A new private copy of model ``name`` with ``config_json`` as its config and ``files`` written into it (in
+        ``pool``). The repository's folder ``model_dir`` is the starting point only when no file is given: then only
+        the config changes."""
+        config_text = override_config_text(name, config_json, files)
+        destination = self.new_path(name)
+        origin_dir = model_dir if not files else None
+        await asyncio.get_running_loop().run_in_executor(
+            pool, make_private_copy, name, destination, origin_dir, config_text, files
+        )
+        return destination
 
     def current(self, name: str) -> Path | None:
         """The copy the model was last served from, if it was (never for a name that cannot be a model's)."""
