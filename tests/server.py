@@ -45,6 +45,7 @@ class Server:
     metrics_port: int
     grpc_port: int
     log_file: Path
+    console_port: int = 0
     args: list[str] = field(default_factory=list)
     # Set by a test that kills the daemon on purpose: its exit status is then no failure.
     killed: bool = False
@@ -60,6 +61,15 @@ class Server:
     @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def console_url(self) -> str:
+        """The web console's base URL (no trailing slash), over TLS when the daemon serves it so."""
+        tls = any(a == "--console-use-ssl=true" for a in self.args) or any(
+            a == "--console-use-ssl" and b == "true" for a, b in zip(self.args, self.args[1:], strict=False)
+        )
+        scheme = "https" if tls else "http"
+        return f"{scheme}://127.0.0.1:{self.console_port}"
 
     def log(self) -> str:
         """Everything the daemon has written to stdout and stderr so far."""
@@ -114,7 +124,7 @@ def run_server(
 ) -> Iterator[Server]:
     """Starts ``edged serve`` on the repositories and yields it once ``GET /v2/health/live`` answers 200 and the
     daemon has logged that it is ready; ``tls``: the client context to ask with, when HTTP is served over TLS."""
-    http_port, metrics_port, grpc_port = free_ports(3)
+    http_port, metrics_port, grpc_port, console_port = free_ports(4)
     args = [sys.executable, "-m", "edged", "serve"]
     for repository in repositories:
         args += ["--model-repository", str(repository)]
@@ -127,6 +137,9 @@ def run_server(
         str(metrics_port),
         "--grpc-port",
         str(grpc_port),
+        # Every daemon has its console on a port of its own (8080 otherwise, shared by all).
+        "--console-port",
+        str(console_port),
         *extra_args,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -139,7 +152,7 @@ def run_server(
             process = subprocess.Popen(
                 args, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env
             )
-        server = Server(process, http_port, metrics_port, grpc_port, log_file, args)
+        server = Server(process, http_port, metrics_port, grpc_port, log_file, console_port, args)
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while READY_MARKER not in server.log() or not _is_live(http_port, tls):

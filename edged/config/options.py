@@ -411,6 +411,31 @@ OPTIONS: Final[tuple[Option, ...]] = (
         unset="the HTTP address",
     ),
     _port("metrics-port", 8002, "metrics port (/metrics)"),
+    Option(
+        "allow-console",
+        "bool",
+        True,
+        "serve the web console (model uploads, versions, live metrics, history) on its own port; it needs a state "
+        "directory for its users and sessions",
+        metavar="BOOL",
+    ),
+    Option(
+        "console-address",
+        "str",
+        None,
+        "address the web console binds (keep it on a trusted network)",
+        metavar="ADDR",
+        unset="the HTTP address",
+    ),
+    _port("console-port", 8080, "web console port"),
+    Option(
+        "console-use-ssl",
+        "bool",
+        False,
+        "serve the web console over TLS with the HTTP endpoint's --http-server-cert and --http-server-key (its "
+        "session cookie is then Secure)",
+        metavar="BOOL",
+    ),
     Option("allow-cpu-metrics", "bool", True, "report CPU utilization and memory", metavar="BOOL"),
     Option(
         "allow-gpu-metrics",

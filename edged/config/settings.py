@@ -68,6 +68,10 @@ class Settings:
     allow_metrics: bool
     metrics_address: str | None
     metrics_port: int
+    allow_console: bool
+    console_address: str | None
+    console_port: int
+    console_use_ssl: bool
     allow_cpu_metrics: bool
     allow_gpu_metrics: bool
     metrics_interval_ms: int
