@@ -208,6 +208,10 @@ class Accounts:
         assert stored is not None
         return UserView.of(stored), AuditEntry(actor, "user-create", name, "done", f"role {role.value}")
 
+    def has_users(self) -> bool:
+        """Whether any user exists (none: the console asks for the first-run setup)."""
+        return self.store.count_users() > 0
+
     def users(self) -> list[UserView]:
         return [UserView.of(record) for record in self.store.users()]
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from edged import __version__
 from edged.core.names import model_name_problem, printable
+from edged.core.repository.summary import config_text, summaries, summary
 from edged.core.request.classification import classify
 from edged.core.request.inference import (
     InferInput,
@@ -31,9 +32,11 @@ from edged.errors import EdgedError, ErrorCode
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from edged.core.devices import DeviceInventory
     from edged.core.metrics_history import MetricsHistory
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import IndexEntry, ModelRepositoryManager, ModelVersion
+    from edged.core.repository.summary import ModelSummary
     from edged.core.repository.uploads import ModelUploads
     from edged.core.scheduling.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
@@ -213,6 +216,28 @@ class InferenceService:
 
     def repository_index(self, ready_only: bool) -> list[IndexEntry]:
         return self._manager.index(ready_only)
+
+    # --- what the console shows -----------------------------------------------------------------------------
+
+    @property
+    def devices(self) -> DeviceInventory:
+        return self._manager.devices
+
+    @property
+    def control_mode(self) -> str:
+        """none, poll or explicit: whether models may be loaded and unloaded on request."""
+        return self._controller.mode.value if self._controller is not None else "none"
+
+    def model_summaries(self) -> list[ModelSummary]:
+        """Every model of the repositories, loaded or not, with its versions on disk and its instances."""
+        return summaries(self._manager, self._manager.devices)
+
+    def model_summary(self, name: str) -> ModelSummary | None:
+        return summary(self._manager, self._manager.devices, name)
+
+    def model_config_text(self, name: str) -> str | None:
+        """The model's config as loaded, as config.pbtxt text (None when it never loaded)."""
+        return config_text(self._manager, name)
 
     # --- inference ----------------------------------------------------------------------------------------
 

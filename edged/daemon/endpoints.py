@@ -42,6 +42,9 @@ log = logging.getLogger("edged")
 # The metrics endpoint serves a scraper or two, and GETs without bodies.
 METRICS_MAX_CONNECTIONS = 64
 METRICS_MAX_BODY_SIZE = 64 * 1024
+# The console serves a few people at a time; its bodies are forms (uploads have their own limit).
+CONSOLE_MAX_CONNECTIONS = 64
+CONSOLE_MAX_BODY_SIZE = 1024 * 1024
 # File descriptors kept for what is not a client connection: models' files, Python stubs' pipes and shared memory,
 # shared-memory regions, the state database, journald.
 RESERVED_FILE_DESCRIPTORS = 2048
@@ -75,6 +78,7 @@ def raise_file_limit(settings: Settings) -> None:
     wanted = RESERVED_FILE_DESCRIPTORS + settings.http_max_connections
     wanted += settings.grpc_max_connections if settings.allow_grpc else 0
     wanted += METRICS_MAX_CONNECTIONS if settings.allow_metrics else 0
+    wanted += CONSOLE_MAX_CONNECTIONS if console_enabled(settings) else 0
     if soft != resource.RLIM_INFINITY and soft < wanted:
         log.warning(
             "the open file limit (%d) is below the %d that the connection limits need (--http-max-connections, "
@@ -93,6 +97,7 @@ def describe(settings: Settings) -> str:
             ("HTTP", settings.http_port, True),
             ("gRPC", settings.grpc_port, settings.allow_grpc),
             ("metrics", settings.metrics_port, settings.allow_metrics),
+            ("console", settings.console_port, console_enabled(settings)),
         )
         if enabled
     )
@@ -108,18 +113,21 @@ class BoundSockets:
         self._settings = settings
         self.http: socket.socket | None = None
         self.metrics: socket.socket | None = None
+        self.console: socket.socket | None = None
 
     async def start(self) -> None:
         settings = self._settings
         self.http = _bind("HTTP", settings.http_address, settings.http_port)
         if settings.allow_metrics:
             self.metrics = _bind("metrics", settings.metrics_address or settings.http_address, settings.metrics_port)
+        if console_enabled(settings):
+            self.console = _bind("console", settings.console_address or settings.http_address, settings.console_port)
 
     def stopping(self) -> None:
         pass
 
     async def stop(self) -> None:
-        for sock in (self.http, self.metrics):
+        for sock in (self.http, self.metrics, self.console):
             if sock is not None:
                 sock.close()
 
@@ -135,6 +143,7 @@ class EndpointTls:
         self._settings = settings
         self.http: HttpTls | None = None
         self.metrics: HttpTls | None = None
+        self.console: HttpTls | None = None
         self.grpc: GrpcTls | None = None
 
     async def start(self) -> None:
@@ -146,6 +155,10 @@ class EndpointTls:
             metrics = _http_files(settings, settings.allow_metrics and settings.metrics_use_ssl, "--metrics-use-ssl")
             if metrics is not None:
                 self.metrics = self.http or HttpTls(metrics)
+            console = _http_files(settings, console_enabled(settings) and settings.console_use_ssl, "--console-use-ssl")
+            if console is not None:
+                # The console's clients are browsers, which present no certificate: never mutual.
+                self.console = HttpTls(dataclasses.replace(console, client_ca=None))
             grpc_files = _grpc_files(
                 settings, settings.allow_grpc and (settings.grpc_use_ssl or settings.grpc_use_ssl_mutual)
             )
@@ -153,7 +166,12 @@ class EndpointTls:
                 self.grpc = GrpcTls(grpc_files)
         except TlsError as exc:
             raise StartupError(str(exc)) from None
-        for what, tls in (("HTTP", self.http), ("metrics", self.metrics), ("gRPC", self.grpc)):
+        for what, tls in (
+            ("HTTP", self.http),
+            ("metrics", self.metrics),
+            ("console", self.console),
+            ("gRPC", self.grpc),
+        ):
             if tls is not None:
                 mutual = ", mutual: clients need a certificate signed by " if tls.files.client_ca else ""
                 log.info("%s over TLS with %s%s%s", what, tls.files.cert, mutual, tls.files.client_ca or "")
@@ -178,6 +196,8 @@ class EndpointTls:
             endpoints.append(("HTTP", self.http, "--http-use-ssl"))
         if self.metrics is not None and self.metrics is not self.http:
             endpoints.append(("metrics", self.metrics, "--metrics-use-ssl"))
+        if self.console is not None:
+            endpoints.append(("console", self.console, "--console-use-ssl"))
         if self.grpc is not None:
             endpoints.append(("gRPC", self.grpc, "--grpc-use-ssl"))
         for what, tls, flag in endpoints:
@@ -289,6 +309,22 @@ def metrics_endpoint(
     protocol = LimitedHttpProtocol.limited(limits, "metrics", refused)
     app = AccessMiddleware(create_metrics_app(collector), access, "metrics", lambda _method, _path: Category.METRICS)
     return UvicornEndpoint("the metrics endpoint", _uvicorn_config(app, settings, protocol, tls), sock)
+
+
+def console_enabled(settings: Settings) -> bool:
+    """The console serves when allowed and there is a state directory for its users and sessions."""
+    return settings.allow_console and settings.state_dir is not None
+
+
+def console_config(settings: Settings, app: Any, refused: Counter, tls: HttpTls | None = None) -> uvicorn.Config:
+    """The console's server: a few browsers, form posts and uploads (within --upload-max-bytes)."""
+    limits = dataclasses.replace(
+        connection_limits(settings),
+        max_connections=CONSOLE_MAX_CONNECTIONS,
+        max_body_size=CONSOLE_MAX_BODY_SIZE,
+    )
+    protocol = LimitedHttpProtocol.limited(limits, "console", refused)
+    return _uvicorn_config(app, settings, protocol, tls)
 
 
 class SystemMetricsPart:

@@ -10,7 +10,7 @@ start in this order:
    and ``TLS``: the endpoints' certificates, read and checked then too;
 3. ``models``: model control, which loads what this mode serves;
 4. ``metrics history``: a point of every model's and the device's metrics each second, for the console;
-5. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC;
+5. the endpoints: HTTP, the system metrics and the metrics endpoint, gRPC, the console;
 6. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
 
 Adding a part (sync, the console) is one line in ``_parts``. Signals: edged.daemon.signals. Start-up problems of
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from edged import __version__
 from edged.backends import BackendRegistry
 from edged.core.access import AccessPolicy, TokenVerifier
+from edged.core.accounts import Accounts
 from edged.core.devices import DeviceInventory
 from edged.core.metrics_history import MetricsHistory
 from edged.core.repository.archives import ArchiveLimits
@@ -38,6 +39,7 @@ from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager
 from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
+from edged.daemon.console import console_part
 from edged.daemon.endpoints import (
     BoundSockets,
     EndpointTls,
@@ -100,6 +102,8 @@ class Core:
 
     # Repository sync, when a repository is remote (s3://, gs://).
     sync: RepositorySync | None = None
+    # The console's users and sessions, when there is a state database.
+    accounts: Accounts | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -190,6 +194,7 @@ class Core:
             access,
             history,
             sync,
+            Accounts(store) if store is not None else None,
         )
 
     def status(self, endpoints: str) -> str:
@@ -380,6 +385,10 @@ def _parts(
         yield metrics
     if settings.allow_grpc:
         yield GrpcEndpoint(settings, core.service, core.access, tls.grpc)
+    if sockets.console is not None and core.accounts is not None:
+        console = console_part(settings, core.service, core.accounts, core.access, sockets.console, core.refused, tls)
+        endpoints.append(console)
+        yield console
     yield readiness
 
 

@@ -156,6 +156,11 @@ class ModelRepositoryManager:
     def repositories(self) -> list[Path]:
         return self._options.repositories
 
+    @property
+    def devices(self) -> DeviceInventory:
+        """The devices found at start, that instances are placed on."""
+        return self._options.devices
+
     def entry(self, name: str) -> ModelEntry | None:
         return self._models.get(name)
 

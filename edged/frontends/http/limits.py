@@ -47,8 +47,8 @@ LINGER_S = 2.0
 REFUSAL_LOG_INTERVAL_S = 10.0
 
 _Stage = Literal["request", "headers", "body"]
-# The upload route's path, as the parser gives it (a query may follow).
-_UPLOAD_PATH = re.compile(rb"/v2/edged/models/[^/?]+/upload(?:\?.*)?")
+# The upload routes' paths, as the parser gives them (a query may follow): the API's, and the console's.
+_UPLOAD_PATH = re.compile(rb"(?:/v2/edged)?/models/[^/?]+/upload(?:\?.*)?")
 # How the log's summary names each refusal, and the ``reason`` label of its counter.
 _REFUSALS = {
     503: ("over the connection limit (503)", "connection_limit"),

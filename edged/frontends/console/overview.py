@@ -1,0 +1,86 @@
+"""The first page: the device at a glance. Health, uptime and version; the devices with the instances placed on
+each; the models by state; requests and latency now; sync; the latest events. ``/overview/live`` is the part that
+moves, which htmx reloads every few seconds."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from litestar import Request, get
+from litestar.response import Template
+
+from edged.frontends.console.figures import device_figures, model_figures
+from edged.frontends.console.pages import console, render
+
+if TYPE_CHECKING:
+    from edged.core.repository.summary import ModelSummary
+    from edged.core.service import InferenceService
+
+# How many of the latest events the overview lists (the history page has them all).
+RECENT_EVENTS = 8
+
+
+@dataclass(slots=True)
+class DeviceRow:
+    """One processor of the device and the model instances placed on it."""
+
+    name: str
+    detail: str
+    instances: list[str] = field(default_factory=list)
+
+
+@get("/")
+async def overview_page(request: Request[Any, Any, Any]) -> Template:
+    return render(request, "overview.html", **await _live(request))
+
+
+@get("/overview/live")
+async def overview_live(request: Request[Any, Any, Any]) -> Template:
+    return render(request, "overview_live.html", **await _live(request))
+
+
+async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    context = console(request)
+    service = context.service
+    models = service.model_summaries()
+    figures = model_figures(service)
+    events, _total = await service.model_history(None, 0, RECENT_EVENTS)
+    states = Counter(model.state or "NOT LOADED" for model in models)
+    return {
+        "live": service.is_live(),
+        "ready": service.is_ready(),
+        "uptime_s": time.time() - context.started_at,
+        "control_mode": service.control_mode,
+        "devices": _devices(service, models),
+        "device": device_figures(service),
+        "models": models,
+        "states": sorted(states.items()),
+        "request_rate": sum(f.request_rate for f in figures.values()),
+        "error_rate": sum(f.error_rate for f in figures.values()),
+        "busiest": sorted(figures.items(), key=lambda item: -item[1].request_rate)[:5],
+        "sync": service.sync.status() if service.sync is not None else None,
+        "events": events,
+    }
+
+
+def _devices(service: InferenceService, models: list[ModelSummary]) -> list[DeviceRow]:
+    inventory = service.devices
+    rows = {"CPU": DeviceRow("CPU", f"{inventory.cpu_count} cores")}
+    for gpu in inventory.gpus:
+        rows[f"GPU {gpu.id}"] = DeviceRow(f"GPU {gpu.id}", gpu.name)
+    for npu in inventory.npus:
+        rows[f"NPU {npu.id}"] = DeviceRow(f"NPU {npu.id}", npu.name)
+    for model in models:
+        if not model.serving:
+            continue
+        for instance in model.instances:
+            rows.setdefault(instance.device, DeviceRow(instance.device, "")).instances.append(
+                f"{model.name}/{instance.name}"
+            )
+    return list(rows.values())
+
+
+ROUTES = [overview_page, overview_live]

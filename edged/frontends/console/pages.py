@@ -1,0 +1,88 @@
+"""What every console page shares: the context the app was built with, the session of the request, rendering a
+template with the page frame's values, and the answers for a missing login or role."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
+from litestar.response import Template
+
+from edged import __version__
+from edged.core.access import Role
+
+if TYPE_CHECKING:
+    from litestar import Request
+
+    from edged.core.access import TokenVerifier
+    from edged.core.accounts import Accounts, Session
+    from edged.core.service import InferenceService
+
+# The roles in order of what they may do: a page or action asks for one and every higher one passes.
+RANK: dict[Role, int] = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleContext:
+    """What the console works with, given by the daemon. ``secure``: served over TLS (the cookie is then Secure and
+    named with the __Host- prefix); ``started_at``: the daemon's start (wall clock), for the uptime."""
+
+    service: InferenceService
+    accounts: Accounts
+    tokens: TokenVerifier
+    secure: bool = False
+    started_at: float = 0.0
+
+    @property
+    def cookie_name(self) -> str:
+        # __Host-: the browser only takes it over HTTPS, for this host and path /, so no sibling site can set it.
+        return "__Host-edged_session" if self.secure else "edged_session"
+
+
+class LoginNeeded(NotAuthorizedException):
+    """No valid session: pages redirect to the login, htmx requests are told to."""
+
+
+class RoleNeeded(PermissionDeniedException):
+    """A session whose role may not do this."""
+
+
+def console(request: Request[Any, Any, Any]) -> ConsoleContext:
+    context: ConsoleContext = request.app.state.console
+    return context
+
+
+def session_of(request: Request[Any, Any, Any]) -> Session:
+    """The request's session, found by the guard (every page has one)."""
+    found: Session | None = request.state.get("session")
+    if found is None:
+        raise LoginNeeded()
+    return found
+
+
+def may(session: Session | None, role: Role) -> bool:
+    return session is not None and RANK[session.role] >= RANK[role]
+
+
+def is_htmx(request: Request[Any, Any, Any]) -> bool:
+    return request.headers.get("hx-request") == "true"
+
+
+def render(request: Request[Any, Any, Any], template: str, *, status_code: int = 200, **values: Any) -> Template:
+    """The template with what the page frame needs: who is logged in and what they may do, the CSRF token for
+    its forms, which page is open, the version."""
+    session: Session | None = request.state.get("session")
+    context = console(request)
+    frame = {
+        "session": session,
+        "csrf_token": session.csrf_token if session is not None else "",
+        "can_operate": may(session, Role.OPERATOR),
+        "is_admin": may(session, Role.ADMIN),
+        "version": __version__,
+        "server_id": context.service.server_metadata().name,
+        "path": request.url.path,
+        "now": time.time(),
+    }
+    return Template(template_name=template, context=frame | values, status_code=status_code)
