@@ -3,7 +3,9 @@ template with the page frame's values, and the answers for a missing login or ro
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +13,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.response import Template
 
 from edged import __version__
-from edged.core.access import Role
+from edged.core.access import ACTOR, Role
 
 if TYPE_CHECKING:
     from litestar import Request
@@ -68,6 +70,16 @@ def may(session: Session | None, role: Role) -> bool:
 
 def is_htmx(request: Request[Any, Any, Any]) -> bool:
     return request.headers.get("hx-request") == "true"
+
+
+@contextlib.contextmanager
+def acting(session: Session) -> Iterator[None]:
+    """Core calls inside are recorded as this user's (the model history's actor), as the API records a token's."""
+    token = ACTOR.set(f"user:{session.user}")
+    try:
+        yield
+    finally:
+        ACTOR.reset(token)
 
 
 def render(request: Request[Any, Any, Any], template: str, *, status_code: int = 200, **values: Any) -> Template:
