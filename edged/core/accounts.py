@@ -115,7 +115,9 @@ class AuditEntry:
     ``outcome``: done or refused; ``detail`` says why, for the history only (never for the client)."""
 
     actor: str
-    action: Literal["user-create", "user-disable", "password-set", "login", "logout", "setup"]
+    action: Literal[
+        "user-create", "user-disable", "password-set", "login", "logout", "setup", "token-create", "token-revoke"
+    ]
     target: str
     outcome: Literal["done", "refused"]
     detail: str = ""
@@ -231,6 +233,24 @@ class Accounts:
         if revoked is None:
             raise AccountError(f"no user named '{name}'")
         return AuditEntry(actor, "password-set", name, "done", f"{revoked} session(s) ended")
+
+    def change_password(self, name: str, old: str, new: str, peer: str | None) -> AuditEntry:
+        """``name`` sets their own password, proving the old one first as a login does (a wrong one counts as a
+        failed login, so an open session left behind cannot be used to guess it); AccountError says why not."""
+        now = self.clock()
+        keys = _failure_keys(name, peer)
+        retry_after = self._retry_after(keys, now)
+        if retry_after > 0:
+            raise AccountError(f"too many failed tries: try again in {int(retry_after + 0.999)} s")
+        user = self.store.find_user(name)
+        if user is None or user.disabled_at is not None:
+            raise AccountError(f"no user named '{name}'")
+        if len(old) > PASSWORD_MAX or not self._verify(user.password_hash, old):
+            self.store.add_login_failure(keys, now, now - timedelta(seconds=WINDOW_S))
+            raise AccountError("the current password is wrong")
+        if old == new:
+            raise AccountError("the new password is the current one")
+        return self.set_password(name, new, actor=f"user:{name}")
 
     # --- login ---------------------------------------------------------------------------------------------
 
