@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from edged.core.accounts import AuditEntry
     from edged.state.store import StateStore
 
-__all__ = ["CSV_HEADER", "AuditLog", "Event", "csv_cell", "csv_rows", "write_csv"]
+__all__ = ["CSV_HEADER", "AuditLog", "Event", "Source", "csv_cell", "csv_rows", "write_csv"]
 
 log = logging.getLogger("edged.core.audit")
 
