@@ -8,6 +8,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from edged.core.audit import AuditLog
 from edged.daemon.endpoints import UvicornEndpoint, console_config
 from edged.frontends.console import ConsoleContext, create_console_app
 
@@ -29,10 +30,13 @@ log = logging.getLogger("edged")
 class ConsolePart(UvicornEndpoint):
     """The console's server; at start, the setup code when there is no user yet."""
 
-    def __init__(self, config: uvicorn.Config, sock: socket.socket, accounts: Accounts, url: str) -> None:
+    def __init__(
+        self, config: uvicorn.Config, sock: socket.socket, accounts: Accounts, url: str, audit: AuditLog
+    ) -> None:
         super().__init__("the console", config, sock)
         self._accounts = accounts
         self._url = url
+        self._audit = audit
 
     async def start(self) -> None:
         await super().start()
@@ -47,6 +51,11 @@ class ConsolePart(UvicornEndpoint):
             )
         log.info("console on %s", self._url)
 
+    async def stop(self) -> None:
+        await super().stop()
+        # The actions queued for the history are written before the daemon closes the state database.
+        await asyncio.to_thread(self._audit.close)
+
 
 def console_part(
     settings: Settings,
@@ -58,8 +67,10 @@ def console_part(
     tls: EndpointTls,
 ) -> ConsolePart:
     secure = tls.console is not None
-    context = ConsoleContext(service, accounts, access.tokens, secure=secure, started_at=time.time())
+    audit = AuditLog(accounts.store)
+    context = ConsoleContext(service, accounts, access.tokens, secure=secure, started_at=time.time(), audit=audit)
     config = console_config(settings, create_console_app(context), refused, tls.console)
     address = settings.console_address or settings.http_address
     host = "localhost" if address in ("0.0.0.0", "::", "") else address
-    return ConsolePart(config, sock, accounts, f"{'https' if secure else 'http'}://{host}:{settings.console_port}")
+    url = f"{'https' if secure else 'http'}://{host}:{settings.console_port}"
+    return ConsolePart(config, sock, accounts, url, audit)

@@ -21,6 +21,7 @@ from litestar.response import Redirect, Template
 
 from edged.core.access import Role
 from edged.core.accounts import ABSOLUTE_S, AccountError, LoginRefused, NewSession
+from edged.frontends.console.history import record
 from edged.frontends.console.pages import LoginNeeded, RoleNeeded, console, may, render, session_of
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ async def logout(request: Request[Any, Any, Any]) -> Redirect:
     context = console(request)
     entry = await asyncio.to_thread(context.accounts.logout, request.cookies.get(context.cookie_name, ""))
     if entry is not None:
-        _audit(entry)
+        _audit(request, entry)
     response = Redirect("/login", status_code=303)
     response.delete_cookie(context.cookie_name)
     return response
@@ -152,7 +153,7 @@ async def logout(request: Request[Any, Any, Any]) -> Redirect:
 def _logged_in(
     request: Request[Any, Any, Any], outcome: NewSession | LoginRefused, template: str, target: str, **values: Any
 ) -> Response[Any]:
-    _audit(outcome.audit)
+    _audit(request, outcome.audit)
     if isinstance(outcome, LoginRefused):
         throttled = outcome.reason == "throttled"
         status = 429 if throttled else 401
@@ -175,15 +176,8 @@ def _logged_in(
     return response
 
 
-def _audit(entry: AuditEntry) -> None:
-    log.info(
-        "console: %s %s %s (%s)%s",
-        entry.actor,
-        entry.action,
-        entry.target,
-        entry.outcome,
-        f": {entry.detail}" if entry.detail else "",
-    )
+def _audit(request: Request[Any, Any, Any], entry: AuditEntry) -> None:
+    record(request, entry)
 
 
 async def _no_user_yet(request: Request[Any, Any, Any]) -> bool:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from edged.core.access import TokenVerifier
     from edged.core.accounts import Accounts, Session
+    from edged.core.audit import AuditLog
     from edged.core.service import InferenceService
 
 # The roles in order of what they may do: a page or action asks for one and every higher one passes.
@@ -29,13 +30,15 @@ RANK: dict[Role, int] = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
 @dataclass(frozen=True, slots=True)
 class ConsoleContext:
     """What the console works with, given by the daemon. ``secure``: served over TLS (the cookie is then Secure and
-    named with the __Host- prefix); ``started_at``: the daemon's start (wall clock), for the uptime."""
+    named with the __Host- prefix); ``started_at``: the daemon's start (wall clock), for the uptime; ``audit``: the
+    audit history, where the console's account actions are recorded and the history page reads."""
 
     service: InferenceService
     accounts: Accounts
     tokens: TokenVerifier
     secure: bool = False
     started_at: float = 0.0
+    audit: AuditLog | None = None
 
     @property
     def cookie_name(self) -> str:
