@@ -118,7 +118,7 @@ async def history_csv(request: Request[Any, Any, Any], model: str = "", user: st
 
     return Stream(
         chunks(),
-        media_type="text/csv; charset=utf-8",
+        media_type="text/csv",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )
 
