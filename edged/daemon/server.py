@@ -394,11 +394,36 @@ def _parts(
 
 def run(settings: Settings) -> int:
     _configure_logging(settings)
+    _fix_mmap_threshold()
     try:
         import uvloop
     except ImportError:  # uvloop is optional: plain asyncio works, only slower
         return asyncio.run(serve(settings))
     return uvloop.run(serve(settings))
+
+
+# Allocations from this size up are mapped on their own and given back to the system when freed (see below).
+MMAP_THRESHOLD_BYTES = 16 * 1024 * 1024
+
+
+def _fix_mmap_threshold() -> None:
+    """glibc raises its mmap threshold each time a large mapped block is freed, up to 32 MiB, and serves later
+    blocks below it from heaps it keeps: a console login's argon2 hash (19 MiB, in a worker thread's arena) then
+    stays resident for good, about 20 MB of a small device's memory. A fixed threshold keeps blocks from 16 MiB up
+    mapped (and returned when freed) while tensors below it come from the heap as before."""
+    import ctypes
+    import ctypes.util
+
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return  # the environment chose already (glibc reads it at start)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return  # not glibc: its allocator has its own policy
+    m_mmap_threshold = -3
+    if not mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES):
+        log.debug("mallopt(M_MMAP_THRESHOLD) was refused; large blocks follow glibc's dynamic threshold")
 
 
 def _configure_logging(settings: Settings) -> None:
