@@ -189,8 +189,9 @@ def run_console(quick: bool, argv: list[str] | None, save: Callable[[str, dict[s
         "pss_kib_console_on": statistics.median(m["Pss"] for m in on),
         "pages": pages,
     }
+    added = (rss_on - rss_off) / 1024
     print(f"console: idle RSS {rss_off / 1024:.1f} MiB without the console, {rss_on / 1024:.1f} MiB with it after "
-          f"{rounds} requests of every page: +{(rss_on - rss_off) / 1024:.1f} MiB (median of {starts} starts)")  # fmt: skip
+          f"{rounds} requests of every page: +{added:.1f} MiB (median of {starts} starts)")  # fmt: skip
     print(f"{'page':<18}{'status':>7}{'bytes':>8}{'server median':>15}{'server p95':>12}{'wall median':>13}")
     for path, figures in pages.items():
         server = figures["server_ms_median"]

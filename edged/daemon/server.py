@@ -36,6 +36,7 @@ from edged.core.metrics_history import MetricsHistory
 from edged.core.repository.archives import ArchiveLimits
 from edged.core.repository.control import ControlMode, ControlOptions, ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
+from edged.core.repository.probation import ProbationLimits
 from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
@@ -163,6 +164,10 @@ class Core:
                 settings.state_dir,
                 ArchiveLimits(max_extracted_bytes=settings.upload_max_extracted_bytes),
                 synced=mirrors(settings),
+                # An activated upload is watched as a synced update is.
+                probation=ProbationLimits(
+                    window_s=settings.sync_probation_secs, max_error_rate=settings.sync_max_error_rate
+                ),
             ),
         )
         shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
@@ -248,6 +253,8 @@ class ModelsPart:
         pass
 
     async def stop(self) -> None:
+        if self._core.service.uploads is not None:
+            await self._core.service.uploads.close()
         await self._core.controller.stop()
         # Waits for the executions the cancelled requests left behind; Python stubs' finalize() runs here.
         await self._core.manager.unload_all()
