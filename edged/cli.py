@@ -7,7 +7,7 @@ import os
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edged import __version__
 from edged.config import ConfigError, add_serve_options, load, render, settings_from, template
@@ -396,31 +396,51 @@ def _add_admin_commands(commands: Any) -> None:
     passwd.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
 
 
+# What each command of edged admin that changes a user is called in the audit history.
+_ADMIN_ACTIONS: dict[str, Literal["user-create", "user-disable", "password-set"]] = {
+    "create": "user-create",
+    "disable": "user-disable",
+    "passwd": "password-set",
+}
+
+
 def _admin(args: argparse.Namespace) -> int:
-    from edged.core.accounts import AccountError, Accounts
+    from edged.core.accounts import AccountError, Accounts, AuditEntry
+    from edged.core.audit import AuditLog
     from edged.state.records import StateError
     from edged.state.store import StateStore
 
     try:
         password = _new_password(args) if args.action in ("create", "passwd") else ""
         with StateStore.open(_state_dir(args)) as store:
-            accounts = Accounts(store)
-            if args.action == "create":
-                user, _ = accounts.create_user(args.name, Role(args.role), password, actor="cli")
-                print(f"edged: user '{user.name}' ({user.role.value}) created", file=sys.stderr)
-            elif args.action == "list":
-                print(f"{'NAME':24} {'ROLE':9} {'STATE':9} {'CREATED':26} PASSWORD SET")
-                for user in accounts.users():
-                    state = "disabled" if user.disabled_at else "active"
-                    created = user.created_at.isoformat(timespec="seconds")
-                    changed = user.password_changed_at.isoformat(timespec="seconds")
-                    print(f"{user.name:24} {user.role.value:9} {state:9} {created:26} {changed}")
-            elif args.action == "disable":
-                audit = accounts.disable_user(args.name, actor="cli")
-                print(f"edged: user '{args.name}' disabled; {audit.detail}", file=sys.stderr)
-            else:
-                audit = accounts.set_password(args.name, password, actor="cli")
-                print(f"edged: password of '{args.name}' set; {audit.detail}", file=sys.stderr)
+            accounts, audit_log = Accounts(store), AuditLog(store)
+            try:
+                if args.action == "create":
+                    user, audit = accounts.create_user(args.name, Role(args.role), password, actor="cli")
+                    audit_log.record(audit, "cli")
+                    print(f"edged: user '{user.name}' ({user.role.value}) created", file=sys.stderr)
+                elif args.action == "list":
+                    print(f"{'NAME':24} {'ROLE':9} {'STATE':9} {'CREATED':26} PASSWORD SET")
+                    for user in accounts.users():
+                        state = "disabled" if user.disabled_at else "active"
+                        created = user.created_at.isoformat(timespec="seconds")
+                        changed = user.password_changed_at.isoformat(timespec="seconds")
+                        print(f"{user.name:24} {user.role.value:9} {state:9} {created:26} {changed}")
+                elif args.action == "disable":
+                    audit = accounts.disable_user(args.name, actor="cli")
+                    audit_log.record(audit, "cli")
+                    print(f"edged: user '{args.name}' disabled; {audit.detail}", file=sys.stderr)
+                else:
+                    audit = accounts.set_password(args.name, password, actor="cli")
+                    audit_log.record(audit, "cli")
+                    print(f"edged: password of '{args.name}' set; {audit.detail}", file=sys.stderr)
+            except AccountError as error:
+                # A refused action is history too (the message names the rule, never the password).
+                action = _ADMIN_ACTIONS[args.action]
+                audit_log.record(AuditEntry("cli", action, args.name, "refused", str(error)), "cli")
+                raise
+            finally:
+                audit_log.close()  # the queued actions are written before the store closes
     except (AccountError, ConfigError, StateError, ValueError) as error:
         print(f"edged: {error}", file=sys.stderr)
         return 1

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, ViewportSize, sync_playwright
@@ -151,11 +151,19 @@ class WatchedPage:
 
 
 @contextmanager
-def open_page(browser: Browser, *, viewport: ViewportSize = DESKTOP, check: bool = True) -> Iterator[WatchedPage]:
+def open_page(
+    browser: Browser,
+    *,
+    viewport: ViewportSize = DESKTOP,
+    check: bool = True,
+    color_scheme: Literal["light", "dark"] = "light",
+    javascript: bool = True,
+) -> Iterator[WatchedPage]:
     """A new context and page at ``viewport``, watched; on exit the context is closed and, with ``check``,
-    AssertionError is raised when the page logged an error, threw, or violated its CSP.
+    AssertionError is raised when the page logged an error, threw, or violated its CSP. ``color_scheme``: what the
+    page's prefers-color-scheme says; ``javascript``: False to see the pages as a browser without it does.
     """
-    context = browser.new_context(viewport=viewport)
+    context = browser.new_context(viewport=viewport, color_scheme=color_scheme, java_script_enabled=javascript)
     problems = watch(context)
     try:
         yield WatchedPage(context.new_page(), problems)

@@ -26,8 +26,8 @@ _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 def create_user(state_dir: Path, name: str, role: str, password: str = PASSWORD) -> None:
     subprocess.run(
-        [sys.executable, "-m", "edged", "admin", "create", "--name", name, "--role", role, "--password-stdin",
-         "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "edged", "admin", "--state-dir", str(state_dir), "create", "--name", name, "--role",
+         role, "--password-stdin"],
         input=password + "\n", capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=True,
     )  # fmt: skip
 

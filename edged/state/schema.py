@@ -86,6 +86,8 @@ class Transition(Base):
         Index("ix_transitions_model_id_id", "model_id", "id"),
         # transition(): the latest state of one model and version.
         Index("ix_transitions_model_id_version_id", "model_id", "version", "id"),
+        # The history (edged.state.audit): every model's events newest first, merged with the audit events'.
+        Index("ix_transitions_at", "at"),
         # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
         {"sqlite_autoincrement": True},
     )
@@ -222,3 +224,29 @@ class LoginFailure(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String)
     at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AuditEvent(Base):
+    """One action a person or a script took through the console, the API or the command line (log in, make a
+    user, set a password, ...): ``actor`` did ``action`` to ``target`` from ``peer``, through ``source``, and it
+    ended ``outcome`` (done or refused; ``detail`` says why). Model state changes stay in ``transitions``; the
+    history reads both."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        CheckConstraint("outcome IN ('done', 'refused')", name="outcome_known"),
+        # The history newest first: SQLite merges this index's order with ix_transitions_at's.
+        Index("ix_audit_events_at", "at"),
+        # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    actor: Mapped[str] = mapped_column(String)
+    action: Mapped[str] = mapped_column(String)
+    target: Mapped[str] = mapped_column(String)
+    outcome: Mapped[str] = mapped_column(String)
+    detail: Mapped[str] = mapped_column(Text)
+    peer: Mapped[str | None] = mapped_column(String)
+    source: Mapped[str] = mapped_column(String)

@@ -47,6 +47,7 @@ TABLES: Final = {
     "users",
     "sessions",
     "login_failures",
+    "audit_events",
 }
 
 
