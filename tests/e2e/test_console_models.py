@@ -4,6 +4,7 @@ closed-loop client sends requests, and what a viewer and a forged request are re
 
 from __future__ import annotations
 
+import html
 import re
 import sys
 import threading
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.http as httpclient
 from browser import DESKTOP, PHONE, assert_accessible, screenshot, watch
@@ -22,7 +22,7 @@ from playwright.sync_api import expect
 from server import REPO_ROOT, Server, run_server
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, Page, Route
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
@@ -137,10 +137,9 @@ def _wait_for_answers(loop: ClosedLoop, factor: int, after: int) -> None:
     raise AssertionError(f"no answer of version {factor} since request {after}: {loop.factors[after:][-20:]}")
 
 
-def _result(page: Page) -> str:
-    locator = page.locator("#model-result p")
-    expect(locator).to_be_visible(timeout=WAIT_MS)
-    return locator.inner_text()
+def _expect_result(page: Page, text: str) -> None:
+    """The result line of the last action, once it has come."""
+    expect(page.locator("#model-result p")).to_have_text(text, timeout=WAIT_MS)
 
 
 # --- reading -------------------------------------------------------------------------------------------------
@@ -159,10 +158,12 @@ def test_table_lists_every_model_with_its_state(server: Server, page: Page) -> N
     assert rows["broken"].startswith("unavailable")
     scaled = page.locator("table.models tbody tr", has=page.get_by_role("link", name=SCALED, exact=True))
     cells = scaled.locator("td").all_inner_texts()
-    # The default version policy serves the latest of three; one instance on the CPU; no traffic yet.
+    # The default version policy serves the latest of three; its instances on the CPU; no traffic yet.
+    assert cells[0] == "ready"
     assert "3 serving" in cells[1] and "on disk: 1, 2, 3" in cells[1], cells
     assert cells[2] == "onnxruntime", cells
-    assert cells[3].startswith("1: CPU"), cells
+    placed = re.fullmatch(r"(\d+): CPU(?: \u00d7(\d+))?", cells[3])
+    assert placed is not None and placed.group(1) == (placed.group(2) or "1"), cells
     assert cells[4:] == ["0/s", "\u2013", "\u2013", "0/s"], cells
     assert "Model control mode: explicit" in page.locator("#controls-mode").inner_text()
     # The live part reloads in place: the table is still there after a poll.
@@ -191,9 +192,16 @@ def test_model_page_shows_config_versions_and_history(server: Server, page: Page
     assert_accessible(page)
     screenshot(page, "console-model")
 
-    answer = page.goto(f"{server.console_url}/models/no_such_model")
-    assert answer is not None and answer.status == 404
-    expect(page.get_by_role("alert")).to_contain_text("no model 'no_such_model'")
+
+def test_unknown_model_is_not_found(server: Server) -> None:
+    vera = http_login(server.console_port, "vera")
+    status, _, text = vera.request("GET", "/models/no_such_model")
+    assert status == 404
+    assert "no model 'no_such_model' in the model repository" in html.unescape(text)
+    # A name with characters a URL escapes is still one path segment, shown escaped.
+    status, _, text = vera.request("GET", "/models/%3Cb%3Ex%20y")
+    assert status == 404
+    assert "no model &#39;&lt;b&gt;x y&#39;" in text and "<b>x" not in text
 
 
 def test_pages_in_dark_and_at_phone_width(server: Server, browser: Browser, phone_page: Page) -> None:
@@ -220,23 +228,37 @@ def test_pages_in_dark_and_at_phone_width(server: Server, browser: Browser, phon
 # --- acting ----------------------------------------------------------------------------------------------------
 
 
-def test_operator_unloads_and_loads(
-    server: Server, page: Page, client: httpclient.InferenceServerClient
-) -> None:
+def test_operator_unloads_and_loads(server: Server, page: Page, client: httpclient.InferenceServerClient) -> None:
     browser_login(page, server.console_url, "otto")
     page.goto(f"{server.console_url}/models/add_sub")
     page.on("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Unload").click()
-    assert _result(page) == "add_sub: unloaded: no version serves now"
+    _expect_result(page, "add_sub: unloaded: no version serves now")
     assert not client.is_model_ready("add_sub")
     expect(page.locator("#model-live .facts")).to_contain_text("no version")
 
+    # The request is held on its way, so the page can be seen while it runs: the buttons off, the busy line on.
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:
+        held.append(route)  # a bound method of a builtin is no handler Playwright takes
+
+    page.route("**/models/add_sub/load", hold)
     page.get_by_role("button", name="Load", exact=True).click()
-    assert _result(page) == "add_sub: loaded: version 1 serves now"
+    expect(page.get_by_text("Loading…", exact=True)).to_be_visible()
+    for name in ("Load", "Unload", "Roll back to the previous version"):
+        expect(page.get_by_role("button", name=name, exact=True)).to_be_disabled()
+    expect(page.locator("#model-result p")).to_have_text("add_sub: unloaded: no version serves now")
+    page.wait_for_function("() => true")  # lets the route's handler run
+    assert len(held) == 1
+    held[0].continue_()
+    page.unroute("**/models/add_sub/load")
+    _expect_result(page, "add_sub: loaded: version 1 serves now")
+    expect(page.get_by_text("Loading…", exact=True)).to_be_hidden()
     assert client.is_model_ready("add_sub")
     # Loading again reloads it.
     page.get_by_role("button", name="Reload").click()
-    expect(page.locator("#model-result p")).to_have_text("add_sub: reloaded: version 1 serves now", timeout=WAIT_MS)
+    _expect_result(page, "add_sub: reloaded: version 1 serves now")
     assert client.is_model_ready("add_sub")
     history = page.locator("section[aria-labelledby=history-h]")
     expect(history).to_contain_text("user:otto")
@@ -251,23 +273,22 @@ def test_activate_and_roll_back_without_a_failed_request(
     with ClosedLoop(server) as loop:
         _wait_for_answers(loop, 3, 0)
         page.get_by_role("button", name="Activate version 1").click()
-        assert _result(page) == f"{SCALED}: activated: version 1 serves now (was 3)"
+        _expect_result(page, f"{SCALED}: activated: version 1 serves now (was 3)")
         switched = len(loop.factors)
         _wait_for_answers(loop, 1, switched)
         assert _factor(_infer(client)) == 1
         # The version the request names still answers when it is loaded: only version 1 is now.
         assert client.is_model_ready(SCALED, "1") and not client.is_model_ready(SCALED, "3")
 
+        before_rollback = len(loop.factors)
         page.get_by_role("button", name="Roll back to the previous version").click()
-        expect(page.locator("#model-result p")).to_have_text(
-            f"{SCALED}: rolled back: version 3 serves now (was 1)", timeout=WAIT_MS
-        )
+        _expect_result(page, f"{SCALED}: rolled back: version 3 serves now (was 1)")
         rolled = len(loop.factors)
         _wait_for_answers(loop, 3, rolled)
     assert loop.failures == [], loop.failures[:5]
     # Once a switch is done, every later answer is the new version's.
     assert set(loop.factors[rolled + 1 :]) <= {3}
-    assert set(loop.factors[switched + 1 : rolled]) <= {1}, loop.factors[switched:rolled]
+    assert set(loop.factors[switched + 1 : before_rollback]) <= {1}, loop.factors[switched:before_rollback]
     assert _factor(_infer(client)) == 3
     expect(page.locator("section[aria-labelledby=history-h]")).to_contain_text("rolled back")
 
@@ -291,7 +312,8 @@ def test_plain_forms_redirect_back_with_the_result_once(
     status, _, _ = otto.request("POST", f"/models/{SCALED}/versions/9/activate", form)
     assert status == 303
     _, _, text = otto.request("GET", f"/models/{SCALED}")
-    assert re.search(r"refused \(400 Bad Request\): failed to activate version 9 of .scaled.", text), text[-3000:]
+    shown = html.unescape(text.split('id="model-result"')[1].split("</div>")[0])
+    assert f"{SCALED}: refused (400 Bad Request): failed to activate version 9 of '{SCALED}'" in shown, shown
     assert _factor(_infer(client)) == 2
 
     status, headers, _ = otto.request("POST", f"/models/{SCALED}/rollback", form)
@@ -332,9 +354,7 @@ def test_a_viewer_sees_no_controls_and_is_refused(
 # --- a daemon whose models cannot be loaded on request -------------------------------------------------------------
 
 
-def test_controls_are_disabled_outside_explicit_mode(
-    repository: Path, tmp_path: Path, page: Page
-) -> None:
+def test_controls_are_disabled_outside_explicit_mode(repository: Path, tmp_path: Path, page: Page) -> None:
     state = tmp_path / "state"
     state.mkdir()
     create_user(state, "otto", "operator")
@@ -349,13 +369,14 @@ def test_controls_are_disabled_outside_explicit_mode(
             expect(button).to_be_disabled()
             assert button.get_attribute("aria-describedby") == "controls-mode"
         assert_accessible(page)
-        # The server refuses it as the API does: model control is not explicit.
+        # The server refuses it as the API does (model control is not explicit), and says so in the result line.
         otto = http_login(server.console_port, "otto")
-        status, headers, _ = otto.request(
-            "POST", f"/models/{SCALED}/unload", {"csrf_token": otto.csrf_token}, {"HX-Request": "true"}
-        )
+        form = {"csrf_token": otto.csrf_token}
+        status, _, text = otto.request("POST", f"/models/{SCALED}/unload", form, {"HX-Request": "true"})
         assert status == 200
-        _, _, text = otto.request("POST", f"/models/{SCALED}/unload", {"csrf_token": otto.csrf_token})
+        assert "refused (503 Service Unavailable): explicit model load / unload is not allowed" in text, text[:500]
+        status, _, _ = otto.request("POST", f"/models/{SCALED}/versions/1/activate", form)
+        assert status == 303
         _, _, text = otto.request("GET", f"/models/{SCALED}")
         assert "refused (503 Service Unavailable)" in text, text[-2000:]
         triton = httpclient.InferenceServerClient(server.http_url)

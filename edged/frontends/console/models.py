@@ -78,13 +78,8 @@ async def model_page(request: Request[Any, Any, Any], name: str, offset: int = 0
     service = console(request).service
     model = _model(service, name)
     result = _take_result(request, session_of(request), name)
-    return render(
-        request,
-        "model.html",
-        config_text=service.model_config_text(name),
-        **await _live(service, model, offset),
-        result=result,
-    )
+    values = await _live(service, model, offset) | {"result": result}
+    return render(request, "model.html", config_text=service.model_config_text(name), **values)
 
 
 @get("/models/{name:str}/live")
@@ -163,7 +158,8 @@ async def _act(request: Request[Any, Any, Any], name: str, call: Callable[[], Aw
         _keep_result(request, session, name, result)
         target = f"/models/{quote(name, safe='')}" if model is not None else "/models"
         return Redirect(target, status_code=303)
-    return render(request, "model_live.html", **await _live(service, model, 0), result=result, result_oob=True)
+    values = await _live(service, model, 0) | {"result": result, "result_oob": True}
+    return render(request, "model_live.html", **values)
 
 
 # --- what the pages show --------------------------------------------------------------------------------------
