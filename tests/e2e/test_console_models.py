@@ -319,9 +319,9 @@ def test_plain_forms_redirect_back_with_the_result_once(
     status, headers, _ = otto.request("POST", f"/models/{SCALED}/rollback", form)
     assert status == 303
     assert _factor(_infer(client)) == 3
-    # An unknown model's action goes back to the table, with the core's refusal kept for nobody's page.
-    status, headers, _ = otto.request("POST", "/models/no_such_model/load", form)
-    assert status == 303 and headers["location"] == "/models"
+    # An unknown model's action is not found, as its page is.
+    status, _, text = otto.request("POST", "/models/no_such_model/load", form)
+    assert status == 404 and "no model &#39;no_such_model&#39;" in text
 
 
 def test_a_viewer_sees_no_controls_and_is_refused(

@@ -15,7 +15,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
-from litestar import Request, get, post
+from litestar import Request, Response, get, post
 from litestar.exceptions import NotFoundException
 from litestar.response import Redirect, Template
 
@@ -94,12 +94,12 @@ _OPERATOR = [auth.operator, auth.csrf]
 
 
 @post("/models/{name:str}/load", guards=_OPERATOR, status_code=200)
-async def load(request: Request[Any, Any, Any], name: str) -> Template | Redirect:
+async def load(request: Request[Any, Any, Any], name: str) -> Template | Redirect | Response[bytes]:
     service = console(request).service
-    before = service.model_summary(name)
-    was_serving = before is not None and bool(before.serving)
 
     async def call() -> str:
+        before = service.model_summary(name)
+        was_serving = before is not None and bool(before.serving)
         await service.load_model(name, None, {})
         after = service.model_summary(name)
         serving = _listed(after.serving) if after is not None else ""
@@ -110,7 +110,7 @@ async def load(request: Request[Any, Any, Any], name: str) -> Template | Redirec
 
 
 @post("/models/{name:str}/unload", guards=_OPERATOR, status_code=200)
-async def unload(request: Request[Any, Any, Any], name: str) -> Template | Redirect:
+async def unload(request: Request[Any, Any, Any], name: str) -> Template | Redirect | Response[bytes]:
     service = console(request).service
 
     async def call() -> str:
@@ -121,7 +121,7 @@ async def unload(request: Request[Any, Any, Any], name: str) -> Template | Redir
 
 
 @post("/models/{name:str}/versions/{version:int}/activate", guards=_OPERATOR, status_code=200)
-async def activate(request: Request[Any, Any, Any], name: str, version: int) -> Template | Redirect:
+async def activate(request: Request[Any, Any, Any], name: str, version: int) -> Template | Redirect | Response[bytes]:
     service = console(request).service
 
     async def call() -> str:
@@ -132,7 +132,7 @@ async def activate(request: Request[Any, Any, Any], name: str, version: int) -> 
 
 
 @post("/models/{name:str}/rollback", guards=_OPERATOR, status_code=200)
-async def rollback(request: Request[Any, Any, Any], name: str) -> Template | Redirect:
+async def rollback(request: Request[Any, Any, Any], name: str) -> Template | Redirect | Response[bytes]:
     service = console(request).service
 
     async def call() -> str:
@@ -142,22 +142,30 @@ async def rollback(request: Request[Any, Any, Any], name: str) -> Template | Red
     return await _act(request, name, call)
 
 
-async def _act(request: Request[Any, Any, Any], name: str, call: Callable[[], Awaitable[str]]) -> Template | Redirect:
+async def _act(
+    request: Request[Any, Any, Any], name: str, call: Callable[[], Awaitable[str]]
+) -> Template | Redirect | Response[bytes]:
     """Runs the core call as the session's user and answers with its result: the live part for htmx, a 303 back
-    to the model page otherwise. The core's refusals are results too, with the status the API would give."""
+    to the model page otherwise. The core's refusals are results too, with the status the API would give. An
+    unknown model is not found (404), as its page is."""
     session = session_of(request)
+    service = console(request).service
+    _model(service, name)
     try:
         with acting(session):
             result = Result(True, await call())
     except EdgedError as exc:
         status = status_for(exc)
         result = Result(False, f"refused ({status} {HTTPStatus(status).phrase}): {exc.message}")
-    service = console(request).service
     model = service.model_summary(name)
-    if not is_htmx(request) or model is None:
+    if model is None:
+        # Gone with the action (unloaded, and its folder removed meanwhile): its page is no more, the table is.
+        if is_htmx(request):
+            return Response(b"", status_code=200, headers={"HX-Redirect": "/models"})
+        return Redirect("/models", status_code=303)
+    if not is_htmx(request):
         _keep_result(request, session, name, result)
-        target = f"/models/{quote(name, safe='')}" if model is not None else "/models"
-        return Redirect(target, status_code=303)
+        return Redirect(f"/models/{quote(name, safe='')}", status_code=303)
     values = await _live(service, model, 0) | {"result": result, "result_oob": True}
     return render(request, "model_live.html", **values)
 
