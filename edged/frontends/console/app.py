@@ -69,6 +69,9 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
         ),
         exception_handlers={HTTPException: _http_error, EdgedError: _edged_error},
         openapi_config=None,
+        # edged's logging stays as the daemon set it up (Litestar's own would put a queue in front of the root
+        # logger, and a line logged just before an immediate exit would be lost).
+        logging_config=None,
         debug=False,
     )
     app.state.console = context
