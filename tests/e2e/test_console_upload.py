@@ -151,7 +151,7 @@ def progress_of(page: Page) -> tuple[float, float]:
     return float(value), float(maximum)
 
 
-def test_an_archive_dropped_in_is_installed_with_its_progress_and_serves(
+def test_an_archive_picked_in_the_drop_zone_is_installed_with_its_progress_and_serves(
     page: Page, server: Server, sources: Path
 ) -> None:
     archive = zip_folder(add_sub(sources, "fresh"), "fresh/")
@@ -181,6 +181,32 @@ def test_an_archive_dropped_in_is_installed_with_its_progress_and_serves(
     events = request(server.http_url, "GET", "/v2/edged/models/fresh/history").json()["events"]
     uploaded = [event for event in events if event["state"] == "UPLOADED"]
     assert uploaded and uploaded[0]["source"] == "upload" and uploaded[0]["actor"] == "user:otto", events
+
+
+def test_an_archive_dropped_on_the_drop_zone_is_installed(page: Page, server: Server, sources: Path) -> None:
+    folder = add_sub(sources, "dropped")
+    archive = tar_of(
+        *((p.relative_to(sources).as_posix(), p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file())
+    )
+    open_upload(page, server)
+    # What the browser hands the page when a file is dropped on it: a DataTransfer holding the file.
+    transfer = page.evaluate_handle(
+        """([name, bytes]) => {
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([new Uint8Array(bytes)], name, { type: "application/gzip" }));
+            return transfer;
+        }""",
+        ["dropped.tar.gz", list(archive)],
+    )
+    page.dispatch_event("#dropzone", "dragover", {"dataTransfer": transfer})
+    expect(page.locator("#dropzone")).to_have_class(re.compile(r"\bover\b"))
+    page.dispatch_event("#dropzone", "drop", {"dataTransfer": transfer})
+    expect(page.locator("#dropzone")).not_to_have_class(re.compile(r"\bover\b"))
+    expect(page.get_by_label("Model name")).to_have_value("dropped")
+    expect(page.locator("#chosen")).to_contain_text("dropped.tar.gz")
+    send(page, activate=True)
+    expect(page.locator("#upload-result .notice")).to_contain_text("Model dropped version 1 installed as a new model")
+    infer(server, "dropped")
 
 
 def test_a_version_archive_becomes_the_next_version_without_activating(
@@ -311,6 +337,8 @@ def test_viewers_and_requests_without_the_token_are_refused(server: Server, sour
         "POST", "/models/by-hand/upload", archive, {"Content-Type": "application/json", **token}
     )
     assert status == 415 and "zip" in json.loads(text)["error"]
+    status, _, text = operator.request("POST", "/models/a%01b/upload", archive, {**zip_type, **token})
+    assert status == 400 and "cannot be a model name" in json.loads(text)["error"]
     status, text = _chunked(server.console_port, operator.cookie, archive, {**zip_type, **token})
     assert status == 411 and "Content-Length" in json.loads(text)["error"]
     assert not (scratch / "repository" / "by-hand").exists()
