@@ -348,7 +348,7 @@ def test_viewers_and_requests_without_the_token_are_refused(server: Server, sour
     assert status == 200, text
     answer = json.loads(text)
     assert answer == {"model": "by-hand", "version": 1, "created": True, "loaded": False, "problems": [],
-                      "error": None}  # fmt: skip
+                      "probation_s": None, "error": None}  # fmt: skip
 
 
 def _chunked(port: int, cookie: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:

@@ -231,7 +231,10 @@
       const box = element("div", "notice");
       box.setAttribute("role", "status");
       const what = answer.created ? "a new model" : "its next version";
-      const state = answer.loaded ? "It is loaded and serving." : "It is installed, not loaded.";
+      let state = answer.loaded ? "It is loaded and serving." : "It is installed, not loaded.";
+      if (answer.probation_s) {
+        state += ` It is on probation for ${Math.round(answer.probation_s)} s: if it fails (a crash, too many failed requests), it is removed again and the version before serves.`;
+      }
       box.append(element("p", "", `Model ${answer.model} version ${answer.version} installed as ${what}. ${state}`));
       const link = element("a", "", `Open model ${answer.model}`);
       link.href = `/models/${encodeURIComponent(answer.model)}`;
