@@ -54,6 +54,7 @@ Run it through ``scripts/bench``, which sets up the checkout first::
     scripts/bench --tls --quick         # the same at concurrency 1 and 8, short windows
     scripts/bench --sync                # repository sync against aws s3 sync on moto (a few minutes)
     scripts/bench --sync --quick        # the same with a ~60 MB repository and fewer runs
+    scripts/bench --console             # the web console's memory and server time per page
 
 perf_analyzer 2.60 loads the CUDA runtime (libcudart) whenever it runs with shared memory, even system shared
 memory, and stops when it cannot. Loading the library needs no GPU, so before the first shared-memory run the
@@ -1358,6 +1359,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only the repository-sync comparison: edged's sync against `aws s3 sync` on a moto S3 server "
         "(full download of a large and of a 1,000-file repository, then one changed file)",
     )
+    phase.add_argument(
+        "--console",
+        action="store_true",
+        help="only the web console's cost: idle memory with and without it, and the server time of each page",
+    )
     parser.add_argument("--skip-triton", action="store_true", help="do not measure Triton")
     parser.add_argument(
         "--protocols",
@@ -1376,6 +1382,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench_sync import run_sync
 
         return run_sync(args.quick, argv, save_results)
+    if args.console:
+        BENCH_DIR.mkdir(exist_ok=True)
+        from bench_console import run_console
+
+        return run_console(args.quick, argv, save_results)
 
     began = time.monotonic()
     models = bench_models(args.quick)

@@ -567,7 +567,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "sync-probation-secs",
         "float",
         60.0,
-        "how long updated models are watched before their revision is committed as last known good",
+        "how long updated models are watched before their revision is committed as last known good (also: an "
+        "activated upload, removed again when it fails)",
         low=0,
         metavar="SECONDS",
     ),
@@ -575,7 +576,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "sync-max-error-rate",
         "float",
         0.1,
-        "the share of failed requests (of at least 10) that fails an updated model's probation",
+        "the share of failed requests (of at least 10) that fails an updated model's or an activated upload's "
+        "probation",
         low=0,
         high=1,
         metavar="RATE",

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from edged.core.repository.manager import IndexEntry, ModelRepositoryManager, ModelVersion
     from edged.core.repository.summary import ModelSummary
     from edged.core.repository.uploads import ModelUploads
+    from edged.core.repository.versions import ServedVersions
     from edged.core.scheduling.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
     from edged.core.sync_control import SyncControl
@@ -197,6 +198,14 @@ class InferenceService:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         await self._control().unload(name, unload_dependents=unload_dependents)
+
+    async def activate_version(self, name: str, version: int) -> ServedVersions:
+        """Serve exactly ``version`` of a model, swapped in without downtime (edged.core.repository.versions)."""
+        return await self._control().versions.activate(name, version)
+
+    async def rollback_version(self, name: str) -> ServedVersions:
+        """Serve again the versions that served before the model's last change of served versions."""
+        return await self._control().versions.rollback(name)
 
     async def model_history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         """What happened to a model (every model when ``name`` is None), newest first, and how many events in all."""

@@ -36,6 +36,7 @@ from edged.core.metrics_history import MetricsHistory
 from edged.core.repository.archives import ArchiveLimits
 from edged.core.repository.control import ControlMode, ControlOptions, ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
+from edged.core.repository.probation import ProbationLimits
 from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
@@ -163,6 +164,10 @@ class Core:
                 settings.state_dir,
                 ArchiveLimits(max_extracted_bytes=settings.upload_max_extracted_bytes),
                 synced=mirrors(settings),
+                # An activated upload is watched as a synced update is.
+                probation=ProbationLimits(
+                    window_s=settings.sync_probation_secs, max_error_rate=settings.sync_max_error_rate
+                ),
             ),
         )
         shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
@@ -248,6 +253,8 @@ class ModelsPart:
         pass
 
     async def stop(self) -> None:
+        if self._core.service.uploads is not None:
+            await self._core.service.uploads.close()
         await self._core.controller.stop()
         # Waits for the executions the cancelled requests left behind; Python stubs' finalize() runs here.
         await self._core.manager.unload_all()
@@ -394,11 +401,36 @@ def _parts(
 
 def run(settings: Settings) -> int:
     _configure_logging(settings)
+    _fix_mmap_threshold()
     try:
         import uvloop
     except ImportError:  # uvloop is optional: plain asyncio works, only slower
         return asyncio.run(serve(settings))
     return uvloop.run(serve(settings))
+
+
+# Allocations from this size up are mapped on their own and given back to the system when freed (see below).
+MMAP_THRESHOLD_BYTES = 16 * 1024 * 1024
+
+
+def _fix_mmap_threshold() -> None:
+    """glibc raises its mmap threshold each time a large mapped block is freed, up to 32 MiB, and serves later
+    blocks below it from heaps it keeps: a console login's argon2 hash (19 MiB, in a worker thread's arena) then
+    stays resident for good, about 20 MB of a small device's memory. A fixed threshold keeps blocks from 16 MiB up
+    mapped (and returned when freed) while tensors below it come from the heap as before."""
+    import ctypes
+    import ctypes.util
+
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return  # the environment chose already (glibc reads it at start)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return  # not glibc: its allocator has its own policy
+    m_mmap_threshold = -3
+    if not mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES):
+        log.debug("mallopt(M_MMAP_THRESHOLD) was refused; large blocks follow glibc's dynamic threshold")
 
 
 def _configure_logging(settings: Settings) -> None:

@@ -53,10 +53,10 @@ def build_sync(
     registry: CollectorRegistry,
 ) -> RepositorySync:
     # Imported only when a repository is remote: a device that syncs nothing loads none of it.
+    from edged.core.repository.probation import ProbationLimits
     from edged.frontends.metrics.sync import SyncMetrics
     from edged.sync.agent import RepositorySync, SyncSettings
     from edged.sync.errors import SyncError
-    from edged.sync.probation import ProbationLimits
     from edged.sync.sources import ClientOptions
 
     assert settings.state_dir is not None

@@ -1,6 +1,6 @@
 """The daemon's side of repository sync: one loop per remote repository that syncs it on an interval with jitter,
-backs off after failures, hands each new revision to the models (edged.sync.probation), keeps the history and the
-metrics, and answers the status, now, pause and resume of the API.
+backs off after failures, hands each new revision to the models (edged.core.repository.probation), keeps the
+history and the metrics, and answers the status, now, pause and resume of the API.
 
 The server reads each remote repository from its local mirror (``SnapshotStore.serving_path``), which exists before
 the first model loads (an empty snapshot on a device that never synced): start-up never waits for the network, and
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from edged.core.repository.manager import VersionsUnavailable
+from edged.core.repository.probation import ProbationLimits, apply
 from edged.core.repository.scan import ModelSource
 from edged.errors import EdgedError
 from edged.sync.errors import SourceProblem, SyncError
 from edged.sync.fleet import channel_url
 from edged.sync.paths import source_id
 from edged.sync.plan import changed_models
-from edged.sync.probation import ProbationLimits, apply
 from edged.sync.runner import RunOptions, SyncResult, Verifier, sync_once
 from edged.sync.snapshots import Snapshot, SnapshotStore
 from edged.sync.sources import ClientOptions, RemoteRepository, open_repository

@@ -4,7 +4,7 @@ Layout, per source (``<state dir>/sync/<source id>/``)::
 
     current -> snapshots/r000002     the snapshot being served (a symbolic link, replaced by rename)
     previous -> snapshots/r000001    the one before it, kept for rollback
-    good -> snapshots/r000001        the last known good one: it passed its probation (edged.sync.probation)
+    good -> snapshots/r000001        the last known good one: it passed its probation (edged.core.repository.probation)
     snapshots/r00000N/repo/...       a complete Triton repository, read-only files
     snapshots/r00000N/manifest.json  path -> size, remote digest, sha256
     staging/objects/<key>.part       a download in progress (appended to, so it resumes where it stopped)

@@ -94,6 +94,8 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
             str(http),
             "--metrics-port",
             str(metrics),
+            "--allow-console",
+            "false",
             "--grpc-port",
             str(grpc),
             "--state-dir",

@@ -47,7 +47,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _make_history(server: Server) -> None:
-    """An API token made in the console, then the spare model loaded and unloaded with it over HTTP."""
+    """An API token made in the console, then the spare model loaded and unloaded with it over HTTP; add_sub
+    unloaded and loaded again in the console by otto."""
     admin = http_login(server.console_port, "ada")
     form = {"csrf_token": admin.csrf_token, "name": "ops", "role": "operator", "days": ""}
     status, _, page = admin.request("POST", "/admin/tokens", form)
@@ -59,6 +60,11 @@ def _make_history(server: Server) -> None:
     for _ in range(CYCLES):
         client.unload_model("spare", headers=headers)
         client.load_model("spare", headers=headers)
+    # And once through the console's model page, by an operator.
+    operator = http_login(server.console_port, "otto")
+    for action in ("unload", "load"):
+        status, _, text = operator.request("POST", f"/models/add_sub/{action}", {"csrf_token": operator.csrf_token})
+        assert status in (200, 303), text[:500]
 
 
 def _rows(page: Page) -> list[dict[str, str]]:
@@ -87,6 +93,8 @@ def test_the_history_lists_logins_and_model_events_with_who_did_them(server: Ser
     assert rows[0]["Source"] == "console" and rows[0]["Who"] == "ada"
     assert rows[0]["What"].split() == ["login", "done"] and rows[0]["Of"] == "ada"
     assert "from 127.0.0.1" in rows[0]["Detail"]
+    by_otto = [row for row in rows if row["Who"] == "otto" and row["Of"].startswith("add_sub")]
+    assert {row["What"] for row in by_otto} >= {"unloaded", "ready"}
     token_events = [row for row in rows if row["Who"] == "token ops"]
     assert token_events and all(row["Of"].startswith("spare") and row["Source"] == "api" for row in token_events)
     assert_accessible(page)
@@ -104,7 +112,9 @@ def test_filters_work_without_javascript(server: Server, browser: Browser) -> No
         page.wait_for_url(re.compile(r"/history\?model=add_sub&user=&source=$"))
         rows = _rows(page)
         assert rows and all(row["Of"].split()[0] == "add_sub" for row in rows)
-        assert {row["Who"] for row in rows} == {"edged"}  # loaded at start, by the daemon itself
+        # Loaded at start by the daemon itself, then unloaded and loaded again by otto in the console.
+        assert {row["Who"] for row in rows} == {"edged", "otto"}
+        assert rows[-1]["Who"] == "edged" and rows[0]["Who"] == "otto"
         assert page.get_by_label("Model").input_value() == "add_sub"  # the form keeps what it filters by
 
         page.get_by_label("Model").fill("")

@@ -69,6 +69,8 @@ def test_grpc_port_in_use_exits_with_one_clear_line(small_repository: Path, tmp_
                 str(http_port),
                 "--metrics-port",
                 str(metrics_port),
+                "--allow-console",
+                "false",
                 "--grpc-address",
                 "127.0.0.1",
                 "--grpc-port",

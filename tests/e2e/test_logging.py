@@ -568,6 +568,7 @@ def test_daemon_under_systemd_writes_to_the_journal(chatty_repository: Path) -> 
             *("unshare", "--mount", "sh", "-c", script, "sh", sys.executable, "-m", "edged", "serve"),
             *("--model-repository", str(chatty_repository), "--http-address", "127.0.0.1"),
             *("--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)),
+            *("--allow-console", "false"),
             *("--state-dir", str(Path(scratch) / "state")),
         ]
         with stderr_path.open("wb") as stderr:

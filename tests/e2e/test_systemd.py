@@ -179,6 +179,7 @@ class Daemon:
     http_port: int
     grpc_port: int
     metrics_port: int
+    console_port: int
     log_file: Path
 
     @property
@@ -191,7 +192,7 @@ class Daemon:
     def status_line(self, ready: int, total: int) -> str:
         return (
             f"{ready}/{total} models ready; HTTP :{self.http_port}, gRPC :{self.grpc_port}, "
-            f"metrics :{self.metrics_port}"
+            f"metrics :{self.metrics_port}, console :{self.console_port}"
         )
 
     def wait_ready(self) -> dict[str, str]:
@@ -208,7 +209,7 @@ class Daemon:
 def notified_daemon(repository: Path, *args: str, wait_ready: bool = True) -> Iterator[Daemon]:
     """``edged serve`` on the repository with NOTIFY_SOCKET and WATCHDOG_USEC set, as systemd starts it; yields
     once READY=1 arrived. Fails the test if the daemon logged a traceback."""
-    http_port, grpc_port, metrics_port = free_ports(3)
+    http_port, grpc_port, metrics_port, console_port = free_ports(4)
     with notify_socket() as listener, tempfile.TemporaryDirectory(prefix="edged-test-") as scratch:
         log_file = Path(scratch) / "edged.log"
         command = [
@@ -228,6 +229,8 @@ def notified_daemon(repository: Path, *args: str, wait_ready: bool = True) -> It
             str(grpc_port),
             "--metrics-port",
             str(metrics_port),
+            "--console-port",
+            str(console_port),
             "--state-dir",
             str(Path(scratch) / "state"),
             *args,
@@ -237,7 +240,7 @@ def notified_daemon(repository: Path, *args: str, wait_ready: bool = True) -> It
             process = subprocess.Popen(
                 command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env
             )
-        daemon = Daemon(process, listener, http_port, grpc_port, metrics_port, log_file)
+        daemon = Daemon(process, listener, http_port, grpc_port, metrics_port, console_port, log_file)
         try:
             if wait_ready:
                 daemon.wait_ready()
@@ -524,10 +527,10 @@ def _failed_start(listener: Listener, *args: str) -> tuple[int, list[str]]:
     return result.returncode, errors
 
 
-@pytest.mark.parametrize("endpoint", ["http", "metrics"])
+@pytest.mark.parametrize("endpoint", ["http", "metrics", "console"])
 def test_a_port_in_use_stops_the_start(small_repository: Path, tmp_path: Path, endpoint: str) -> None:
-    http_port, grpc_port, metrics_port = free_ports(3)
-    taken = {"http": http_port, "metrics": metrics_port}[endpoint]
+    http_port, grpc_port, metrics_port, console_port = free_ports(4)
+    taken = {"http": http_port, "metrics": metrics_port, "console": console_port}[endpoint]
     with socket.socket() as holder, notify_socket() as listener:
         holder.bind(("127.0.0.1", taken))
         holder.listen()
@@ -537,6 +540,7 @@ def test_a_port_in_use_stops_the_start(small_repository: Path, tmp_path: Path, e
             f"--http-port={http_port}",
             f"--grpc-port={grpc_port}",
             f"--metrics-port={metrics_port}",
+            f"--console-port={console_port}",
             f"--state-dir={tmp_path / 'state'}",
         )
     assert status == 1

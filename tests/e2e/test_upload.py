@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import time
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, REPO_ROOT, Reply, Server, add_sub_inputs, request, run_server
+from tritonclient.utils import InferenceServerException
 
 # Small limits, so that the tests of them move kilobytes, not gigabytes.
 MAX_UPLOAD: Final = 2 * 1024 * 1024
@@ -210,7 +212,14 @@ def test_a_new_model_uploaded_and_activated_serves(server: Server, sources: Path
     archive = zip_folder(add_sub(sources, "fresh"), "fresh/")
     reply = upload(server, "fresh", archive, activate=True, Authorization=f"Bearer {tokens['operator']}")
     assert reply.status == 200, reply.body
-    assert reply.json() == {"model": "fresh", "version": 1, "created": True, "loaded": True, "problems": []}
+    assert reply.json() == {
+        "model": "fresh",
+        "version": 1,
+        "created": True,
+        "loaded": True,
+        "problems": [],
+        "probation_s": 60.0,
+    }
     states = infer(server, "fresh")
     assert states["fresh/1"] == "READY"
     uploaded = [event for event in history(server, "fresh") if event["state"] == "UPLOADED"]
@@ -222,7 +231,14 @@ def test_a_new_version_is_installed_next_and_activated(server: Server, source: P
     # The files of one version, as a .tar.gz.
     reply = upload(server, "resident", tar_folder(source / "1"), activate=True)
     assert reply.status == 200, reply.body
-    assert reply.json() == {"model": "resident", "version": 2, "created": False, "loaded": True, "problems": []}
+    assert reply.json() == {
+        "model": "resident",
+        "version": 2,
+        "created": False,
+        "loaded": True,
+        "problems": [],
+        "probation_s": 60.0,
+    }
     assert (repository / "resident" / "2" / "model.onnx").is_file()
     states = infer(server, "resident", "2")
     assert states["resident/2"] == "READY"
@@ -372,3 +388,75 @@ def _chunked(body: bytes) -> bytes:
     size = 64 * 1024
     pieces = [body[i : i + size] for i in range(0, len(body), size)]
     return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
+# --- probation ------------------------------------------------------------------------------------------------
+
+_ECHO = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return responses
+"""
+_BROKEN = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("broken on purpose")) for _ in requests]
+"""
+_ECHO_CONFIG = """name: "flaky"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def _echo(client: httpclient.InferenceServerClient) -> np.ndarray[Any, Any]:
+    data = np.arange(4, dtype=np.float32)
+    tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(data)
+    result: np.ndarray[Any, Any] = client.infer("flaky", [tensor]).as_numpy("OUTPUT0")
+    return result
+
+
+def test_an_activated_upload_that_fails_its_probation_is_removed(tmp_path: Path, sources: Path) -> None:
+    repository = tmp_path / "repository"
+    (repository / "flaky" / "1").mkdir(parents=True)
+    (repository / "flaky" / "config.pbtxt").write_text(_ECHO_CONFIG)
+    (repository / "flaky" / "1" / "model.py").write_text(_ECHO)
+    broken = sources / "broken-version"
+    broken.mkdir(exist_ok=True)
+    (broken / "model.py").write_text(_BROKEN)
+    with run_server(
+        [repository], "--model-control-mode=explicit", "--load-model=flaky", "--sync-probation-secs=60"
+    ) as server:
+        reply = upload(server, "flaky", zip_folder(broken), activate=True)
+        assert reply.status == 200, reply.body
+        assert reply.json()["version"] == 2 and reply.json()["loaded"] is True
+        assert reply.json()["probation_s"] == 60.0
+        client = httpclient.InferenceServerClient(server.http_url)
+        failures = 0
+        deadline = time.monotonic() + 60
+        # Version 2 serves and fails every request; once it failed enough of them, it is removed and version 1
+        # serves again, long before the window ends.
+        while time.monotonic() < deadline:
+            try:
+                np.testing.assert_array_equal(_echo(client), np.arange(4, dtype=np.float32))
+                break
+            except InferenceServerException:
+                failures += 1
+                time.sleep(0.05)
+        else:
+            pytest.fail(f"version 2 still serves after {failures} failed requests")
+        assert failures >= 10
+        assert not (repository / "flaky" / "2").exists()
+        removed = [e for e in history(server, "flaky") if e["state"] == "UPLOAD_REMOVED"]
+        assert removed and "failed its probation" in removed[0]["reason"], removed

@@ -70,6 +70,8 @@ def test_every_http_route_has_its_tritons_category() -> None:
         "/v2/edged/history": Category.MODEL_REPOSITORY,
         "/v2/edged/models/{model}/history": Category.MODEL_REPOSITORY,
         "/v2/edged/models/{model}/upload": Category.MODEL_REPOSITORY,
+        "/v2/edged/models/{model}/versions/{version}/activate": Category.MODEL_REPOSITORY,
+        "/v2/edged/models/{model}/rollback": Category.MODEL_REPOSITORY,
         "/v2/openapi.json": Category.METADATA,
         "/v2/edged/sync": Category.MODEL_REPOSITORY,
         "/v2/edged/sync/now": Category.MODEL_REPOSITORY,

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from edged.core.repository.manager import ModelHealth, VersionHealth
+from edged.core.repository.probation import ProbationLimits, _problem
 from edged.sync.agent import FIRST_RETRY_S, JITTER, next_delay
-from edged.sync.probation import ProbationLimits, _problem
 
 
 def test_the_interval_is_spread_around_its_value() -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,13 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 from edged.core.access import ACTOR
 from edged.core.names import model_name_problem, printable
+from edged.core.repository.ensembles import ensembles_last, is_ensemble
 from edged.core.repository.files import FolderPrint, checksum, fingerprint
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
 from edged.core.repository.plan import plan_versions
 from edged.core.repository.poll import FolderWatch
 from edged.core.repository.private_copies import PrivateCopies
 from edged.core.repository.records import ControlRecords
-from edged.core.repository.scan import ModelSource, ScanResult, scan_repositories
+from edged.core.repository.scan import ModelSource, scan_repositories
+from edged.core.repository.versions import Activation, VersionActivation
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class ModelController:
         self._retiring: set[asyncio.Task[None]] = set()
         self._watch = FolderWatch()
         self._poller: asyncio.Task[None] | None = None
+        self.versions = VersionActivation(self, manager, self._records, self._transition)
         manager.listing = self._repository_names
 
     @property
@@ -113,11 +115,11 @@ class ModelController:
             wanted = set(self._options.startup_models)
             if "*" in wanted:
                 wanted = set(scan.models)
-            wanted |= set(await self._records.desired())
+            wanted |= self.versions.restore(await self._records.desired())
             names = sorted(name for name in wanted if self._loadable_at_start(name))
         else:
             names = sorted(scan.models)
-        for group in _ensembles_last(names, scan):
+        for group in ensembles_last(names, scan):
             results = await asyncio.gather(
                 *(self._load(name, Origin.STARTUP, private=self._private_current(name)) for name in group),
                 return_exceptions=True,
@@ -159,10 +161,11 @@ class ModelController:
         origin: Origin = Origin.API,
         config_json: str | None = None,
         files: dict[str, bytes] | None = None,
+        activation: Activation | None = None,
     ) -> None:
         """Load or reload a model, as ``POST /v2/repository/models/{name}/load``: from its repository folder, or
         from a private copy with ``config_json`` as its config and ``files`` (``<version>/<path>`` -> contents)
-        written into it."""
+        written into it. It serves what its version policy selects, or an ``activation``'s versions."""
         if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
         problem = model_name_problem(name)
@@ -180,7 +183,7 @@ class ModelController:
                 model_dir = source.path if source is not None else None
                 private = await self._copies.make(name, config_json, files or {}, model_dir, self._load_pool)
             try:
-                await self._load(name, origin, private=private, desired=True)
+                await self._load(name, origin, private=private, desired=True, activation=activation)
             finally:
                 self._settle_private(name, private)
         finally:
@@ -247,7 +250,7 @@ class ModelController:
                 log.info("model '%s' is not in the new repository revision: unloading it", name)
                 await self.unload(name, origin=origin)
                 outcomes[name] = None
-        for name in (name for group in _ensembles_last(present, scan) for name in group):
+        for name in (name for group in ensembles_last(present, scan) for name in group):
             entry = self._manager.entry(name)
             if self.mode is ControlMode.EXPLICIT and (entry is None or not entry.wanted):
                 continue
@@ -289,13 +292,28 @@ class ModelController:
 
     # --- loading ------------------------------------------------------------------------------------------------
 
-    async def _load(self, name: str, origin: Origin, *, private: Path | None = None, desired: bool = False) -> None:
-        """Load under the model's lock; ``desired``: then record (explicit mode) that the model is to be served,
-        committed before the lock goes, so that an unload that follows records after it."""
+    async def _load(
+        self,
+        name: str,
+        origin: Origin,
+        *,
+        private: Path | None = None,
+        desired: bool = False,
+        activation: Activation | None = None,
+    ) -> None:
+        """Load under the model's lock (which versions serve: versions.py); ``desired``: a request's load, then
+        recorded (explicit mode) as to be served, before the lock goes, so that an unload after it records after."""
         async with self._lock(name):
-            await self._load_locked(name, origin, private)
-            if desired and self._options.mode is ControlMode.EXPLICIT:
-                await self._records.set_desired(name)
+            pin = self.versions.pin_for(name, desired, activation)
+            before = self._manager.ready_versions(name)
+            try:
+                await self._load_locked(name, origin, private, pin)
+            finally:
+                self.versions.changed(name, before, self._manager.ready_versions(name), origin, activation)
+            if desired:
+                self.versions.settle(name, pin)
+                if self._options.mode is ControlMode.EXPLICIT:
+                    await self._records.set_desired(name, pin)
         await self._retry_ensembles(name, origin)
 
     async def _retry_ensembles(self, loaded: str, origin: Origin) -> None:
@@ -310,7 +328,7 @@ class ModelController:
                 and other.wanted
                 and other.state is not ModelState.READY
                 and other.source.path.is_dir()
-                and _is_ensemble(other.source.path)
+                and is_ensemble(other.source.path)
             ):
                 try:
                     await self._load(
@@ -321,9 +339,9 @@ class ModelController:
                 except EdgedError as exc:
                     log.debug("ensemble '%s' still does not load: %s", name, exc.message)
 
-    async def _load_locked(self, name: str, origin: Origin, private: Path | None) -> None:
-        """Read the config, plan what happens to each version (plan_versions), carry the plan out, then install
-        the outcome (``_install``). Raises INVALID_ARG naming the first version that failed."""
+    async def _load_locked(self, name: str, origin: Origin, private: Path | None, pin: list[int] | None) -> None:
+        """Read the config (``pin``: the versions to serve, else its policy's), plan what happens to each version
+        (plan_versions), carry the plan out, install the outcome (``_install``). INVALID_ARG names a failed version."""
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         source = await self._source(name, origin, private)
@@ -331,7 +349,7 @@ class ModelController:
         folder = await loop.run_in_executor(self._load_pool, fingerprint, source.path)
         self._transition(name, None, ModelState.LOADING.value, origin)
         try:
-            config, numbers = await loop.run_in_executor(self._load_pool, self._manager.read_config, source)
+            config, numbers = await loop.run_in_executor(self._load_pool, self._manager.read_config, source, pin)
         except (VersionsUnavailable, EdgedError) as exc:
             error = exc.error if isinstance(exc, VersionsUnavailable) else exc
             self._config_failed(name, source, folder, old, exc, origin, time.monotonic() - started)
@@ -578,19 +596,3 @@ class ModelController:
         # Who asked, for the changes a request made (edged.core.access.ACTOR); the daemon's own changes have nobody.
         actor = ACTOR.get() if origin in (Origin.API, Origin.UPLOAD) else None
         self._records.transition(name, version, state, origin.value, reason, duration_s, actor)
-
-
-def _ensembles_last(names: Iterable[str], scan: ScanResult) -> tuple[list[str], list[str]]:
-    """``names`` in two groups to load one after the other: ensembles load after the models they are made of,
-    which they check at load."""
-    ensembles = [name for name in names if name in scan.models and _is_ensemble(scan.models[name].path)]
-    return [name for name in names if name not in ensembles], ensembles
-
-
-def _is_ensemble(model_dir: Path) -> bool:
-    """Whether a model folder's config names the ensemble platform (read without parsing the whole config)."""
-    try:
-        text = (model_dir / "config.pbtxt").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return re.search(r'(?m)^\s*platform\s*:\s*"ensemble"', text) is not None

@@ -245,7 +245,9 @@ class ModelRepositoryManager:
         )
         return entry
 
-    def read_config(self, source: ModelSource) -> tuple[ModelConfig, list[int]]:
+    def read_config(self, source: ModelSource, pinned: list[int] | None = None) -> tuple[ModelConfig, list[int]]:
+        """The model's completed config and the versions to serve: its version_policy's, or with ``pinned`` (an
+        activation, edged.core.repository.versions) those of them that have a folder."""
         config_path = source.config_path
         if config_path.is_file():
             try:
@@ -275,7 +277,13 @@ class ModelRepositoryManager:
                 "equal model name",
             )
         available = version_numbers(source)
-        versions = select_versions(config, available)
+        versions = select_versions(config, available) if pinned is None else [v for v in available if v in pinned]
+        if not versions and pinned is not None:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"model '{source.name}' has no folder for version {', '.join(map(str, pinned))}, which was activated: "
+                "activate one it has, or load it to serve what its version policy selects",
+            )
         if not versions:
             raise EdgedError(
                 ErrorCode.INVALID_ARG,

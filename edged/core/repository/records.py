@@ -61,10 +61,11 @@ class ControlRecords:
         result: dict[str, list[int] | None] = await self._run(self._store.desired)
         return result
 
-    async def set_desired(self, name: str) -> None:
+    async def set_desired(self, name: str, versions: list[int] | None = None) -> None:
+        """``versions``: those an activation pinned; None: what the model's version policy selects."""
         if self._store is not None:
             store = self._store
-            await self._durably(lambda: store.set_desired(name, None), name, "loaded")
+            await self._durably(lambda: store.set_desired(name, versions), name, "loaded")
 
     async def remove_desired(self, name: str) -> None:
         if self._store is not None:

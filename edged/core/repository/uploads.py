@@ -40,6 +40,7 @@ from edged.core.repository.archives import ArchiveKind, ArchiveLimits, Member, e
 from edged.core.repository.control import ControlMode, Origin
 from edged.core.repository.files import sync_directory
 from edged.core.repository.manager import ModelState, VersionsUnavailable
+from edged.core.repository.probation import watch
 from edged.core.repository.scan import CONFIG_FILENAME, ModelSource, is_version_name, scan_repositories
 from edged.errors import EdgedError, ErrorCode
 
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from edged.core.repository.control import ModelController
-    from edged.core.repository.manager import ModelRepositoryManager
+    from edged.core.repository.manager import ModelHealth, ModelRepositoryManager
+    from edged.core.repository.probation import ProbationLimits
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class UploadOptions:
     synced: frozenset[Path] = frozenset()
     # Uploads received at once; one more is refused (each may hold an archive and its extraction on disk).
     max_in_progress: int = 2
+    # An activated upload's probation, as a synced update's (None or a zero window: none).
+    probation: ProbationLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,8 @@ class UploadResult:
     created: bool  # a new model (not a version of an existing one)
     loaded: bool  # the version installed serves
     problems: list[str] = field(default_factory=list)
+    # Seconds of probation the loaded version is under (removed again if it fails them); None: none.
+    probation_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +86,7 @@ class UploadResult:
             "created": self.created,
             "loaded": self.loaded,
             "problems": self.problems,
+            "probation_s": self.probation_s,
         }
 
 
@@ -115,6 +122,7 @@ class ModelUploads:
         self._options = options
         self._locks: dict[str, asyncio.Lock] = {}
         self._in_progress = 0
+        self._probations: set[asyncio.Task[None]] = set()
         if options.state_dir is not None:
             # What an upload cut short by a crash or a power cut left behind.
             remove_tree(options.state_dir, options.state_dir / UPLOADS)
@@ -202,21 +210,58 @@ class ModelUploads:
         result = UploadResult(name, version, existing is None, loaded=False)
         if not activate:
             return result
+        # Read before the load: what the new version does from its first moment counts, a crash included.
+        baseline = self._manager.health(name)
         try:
             await self._controller.load(name, origin=Origin.UPLOAD)
         except EdgedError as error:
-            parent = destination.parent
-            await asyncio.to_thread(remove_tree, parent, destination)
-            await asyncio.to_thread(sync_directory, parent)
             reason = f"the upload was removed again: it failed to load: {error.message.strip()}"
-            log.error("model '%s': %s", name, reason)
-            await self._controller.note(name, version, "UPLOAD_REMOVED", reason, Origin.UPLOAD)
+            await self._remove(name, version, destination, reason)
             raise UploadInvalid(name, [reason], version) from None
         entry = self._manager.entry(name)
         loaded = entry is not None and any(
             number == version and state.state is ModelState.READY for number, state in entry.versions.items()
         )
-        return UploadResult(name, version, existing is None, loaded)
+        limits = self._options.probation
+        if not loaded or limits is None or limits.window_s <= 0:
+            return UploadResult(name, version, existing is None, loaded)
+        task = asyncio.create_task(self._probation(name, version, destination, baseline, existing is None))
+        self._probations.add(task)
+        task.add_done_callback(self._probations.discard)
+        return UploadResult(name, version, existing is None, loaded, probation_s=limits.window_s)
+
+    async def _probation(
+        self, name: str, version: int, destination: Path, baseline: ModelHealth, created: bool
+    ) -> None:
+        """The activated upload's probation; one that fails it is removed, and what served before serves again (a
+        new model is unloaded)."""
+        assert self._options.probation is not None
+        failed = await watch(self._manager, [name], self._options.probation, {name: baseline})
+        if name not in failed:
+            return
+        reason = f"the upload was removed again: it failed its probation: {failed[name]}"
+        try:
+            if created:
+                await self._controller.unload(name, origin=Origin.UPLOAD)
+            await self._remove(name, version, destination, reason)
+            if not created:
+                await self._controller.load(name, origin=Origin.UPLOAD)
+        except EdgedError as error:
+            log.error("model '%s': after the upload that failed its probation: %s", name, error.message)
+
+    async def _remove(self, name: str, version: int, destination: Path, reason: str) -> None:
+        """The installed upload out of the repository again, and why in the history."""
+        log.error("model '%s': %s", name, reason)
+        parent = destination.parent
+        await asyncio.to_thread(remove_tree, parent, destination)
+        await asyncio.to_thread(sync_directory, parent)
+        await self._controller.note(name, version, "UPLOAD_REMOVED", reason, Origin.UPLOAD)
+
+    async def close(self) -> None:
+        """Ends the probations in progress (at the daemon's stop): the uploads they watch stay installed."""
+        for task in list(self._probations):
+            task.cancel()
+        await asyncio.gather(*self._probations, return_exceptions=True)
 
     def _where(self, name: str) -> tuple[ModelSource | None, Path]:
         """The model's folder if it exists, and the repository it is (or a new model goes) in."""

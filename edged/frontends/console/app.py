@@ -4,6 +4,7 @@ answers for a missing login, a missing role or a refused form."""
 from __future__ import annotations
 
 import logging
+import time
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from litestar.template.config import TemplateConfig
 
 from edged import __version__
 from edged.errors import EdgedError
-from edged.frontends.console import admin, auth, history, overview
+from edged.frontends.console import admin, auth, history, models, overview, uploads
 from edged.frontends.console.figures import FILTERS
 from edged.frontends.console.pages import ConsoleContext, LoginNeeded, RoleNeeded, is_htmx, render
 from edged.frontends.http.infer import status_for
@@ -53,7 +54,11 @@ def web_root() -> Path:
 
 def create_console_app(context: ConsoleContext) -> ASGIApp:
     root = web_root()
-    pages = Router(path="/", route_handlers=[*overview.ROUTES, *admin.ROUTES, *history.ROUTES], guards=[auth.viewer])
+    pages = Router(
+        path="/",
+        route_handlers=[*overview.ROUTES, *models.ROUTES, *uploads.ROUTES, *admin.ROUTES, *history.ROUTES],
+        guards=[auth.viewer],
+    )
     static = create_static_files_router(
         path="/static",
         directories=[root / "static"],
@@ -68,6 +73,9 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
         ),
         exception_handlers={HTTPException: _http_error, EdgedError: _edged_error},
         openapi_config=None,
+        # edged's logging stays as the daemon set it up (Litestar's own would put a queue in front of the root
+        # logger, and a line logged just before an immediate exit would be lost).
+        logging_config=None,
         debug=False,
     )
     app.state.console = context
@@ -95,6 +103,7 @@ class _Headers:
             await self._app(scope, receive, send)
             return
         static = scope["path"].startswith("/static/")
+        began = time.perf_counter()
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -102,6 +111,9 @@ class _Headers:
                 headers.extend(self._extra)
                 if not static:
                     headers.append(_NO_STORE)
+                # The server's time for this answer, for the browser's developer tools and scripts/bench --console.
+                elapsed_ms = (time.perf_counter() - began) * 1000
+                headers.append((b"server-timing", f"app;dur={elapsed_ms:.2f}".encode()))
                 message["headers"] = headers
             await send(message)
 

@@ -30,6 +30,7 @@ from edged.frontends.http.codec import (
 from edged.frontends.http.infer import HttpOptions, InferRoute, status_for
 from edged.frontends.http.openapi import openapi_route
 from edged.frontends.http.uploads import model_upload
+from edged.frontends.http.versions import version_activate, version_rollback
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
@@ -538,6 +539,8 @@ def create_http_app(service: InferenceService, options: HttpOptions, access: Acc
             model_history,
             metrics_history,
             model_upload,
+            version_activate,
+            version_rollback,
             sync_status,
             sync_now,
             sync_pause,

@@ -22,6 +22,7 @@ from edged.frontends.http.codec import encode, error_body
 from edged.frontends.http.infer import BodyTooLarge, HttpOptions, declared_too_large, status_for, streamed_too_large
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
     from edged.core.repository.archives import ArchiveKind
@@ -62,36 +63,20 @@ async def model_upload(request: Request[Any, Any, Any], model: str) -> Response[
     """Install the archive in the body as model ``model`` or as its next version; ``?activate=true`` loads it."""
     uploads = _uploads(request)
     options: HttpOptions = request.app.state.options
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in ARCHIVE_TYPES:
-        return Response(
-            error_body(
-                f"an upload's body is a .zip or .tar.gz archive, sent as application/zip or application/gzip, "
-                f"not '{content_type or 'no content type'}'"
-            ),
-            status_code=415,
-            media_type=MediaType.JSON,
-        )
-    if request.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
-        return Response(
-            error_body("an upload's body is sent as it is: compress the archive, not the request"),
-            status_code=415,
-            media_type=MediaType.JSON,
-        )
-    activate_text = request.query_params.get("activate", "false").strip().lower()
-    if activate_text not in _BOOLEANS:
-        raise EdgedError(ErrorCode.INVALID_ARG, f"activate must be true or false, got '{activate_text[:20]}'")
-    activate = _BOOLEANS[activate_text]
+    refusal = archive_type_refusal(request.headers)
+    if refusal is not None:
+        return Response(error_body(refusal), status_code=415, media_type=MediaType.JSON)
+    activate = activate_flag(request.query_params.get("activate", "false"))
     limit = options.max_upload_size
     try:
-        refusal = declared_too_large(request.headers.get("content-length"), limit)
-        if refusal is not None:
-            raise refusal
+        too_large = declared_too_large(request.headers.get("content-length"), limit)
+        if too_large is not None:
+            raise too_large
         # Refused before the body is read: a name that cannot be a model's, a synced model.
         await uploads.precheck(model, activate=activate)
         async with uploads.receiving() as path:
-            await _receive(request, path, limit)
-            result = await uploads.install(model, path, _kind(path), activate=activate)
+            await receive_archive(request, path, limit)
+            result = await uploads.install(model, path, archive_kind(path), activate=activate)
     except BodyTooLarge as error:
         return Response(error_body(str(error)), status_code=413, media_type=MediaType.JSON)
     except UploadInvalid as error:
@@ -109,7 +94,28 @@ async def model_upload(request: Request[Any, Any, Any], model: str) -> Response[
     return _answer(200, result.to_json())
 
 
-async def _receive(request: Request[Any, Any, Any], path: Path, limit: int) -> None:
+def archive_type_refusal(headers: Mapping[str, str]) -> str | None:
+    """Why a body sent with these headers is not taken as an archive (415); None when it is."""
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in ARCHIVE_TYPES:
+        return (
+            f"an upload's body is a .zip or .tar.gz archive, sent as application/zip or application/gzip, "
+            f"not '{content_type or 'no content type'}'"
+        )
+    if headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        return "an upload's body is sent as it is: compress the archive, not the request"
+    return None
+
+
+def activate_flag(text: str) -> bool:
+    """The ``activate`` query parameter: true or false (1/0, on/off, yes/no); INVALID_ARG otherwise."""
+    value = text.strip().lower()
+    if value not in _BOOLEANS:
+        raise EdgedError(ErrorCode.INVALID_ARG, f"activate must be true or false, got '{value[:20]}'")
+    return _BOOLEANS[value]
+
+
+async def receive_archive(request: Request[Any, Any, Any], path: Path, limit: int) -> None:
     """The body into a new file at ``path``, within ``limit`` bytes (BodyTooLarge past it)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as handle:
@@ -127,7 +133,7 @@ async def _receive(request: Request[Any, Any, Any], path: Path, limit: int) -> N
             await asyncio.to_thread(handle.write, pending)
 
 
-def _kind(path: Path) -> ArchiveKind:
+def archive_kind(path: Path) -> ArchiveKind:
     """zip or tar (compressed or not), from the archive's first bytes; 415-worthy otherwise."""
     with path.open("rb") as handle:
         head = handle.read(512)

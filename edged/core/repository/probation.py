@@ -1,5 +1,6 @@
-"""After a sync switched to a new revision: reload the models it changed, watch them for a probation window, and
-roll back, model by model, the ones that fail to their last known good files.
+"""A new version on probation: after a sync switched to a new revision (``apply``: reload the models it changed,
+watch them, and the sync rolls back, model by model, the ones that fail to their last known good files), and after
+an upload activated a new version (``watch``; the upload is removed again when it fails).
 
 A model passes when it reached READY (its ``model_warmup`` runs as part of the load) and, for the whole window,
 stays ready, has no instance process die, and fails at most ``max_error_rate`` of its requests (judged once it
