@@ -339,6 +339,8 @@ def _add_token_commands(commands: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> int:
+    from edged.core.accounts import AuditEntry
+    from edged.core.audit import AuditLog
     from edged.state.records import StateError
     from edged.state.store import StateStore
 
@@ -346,9 +348,12 @@ def _token(args: argparse.Namespace) -> int:
         state_dir = _state_dir(args)
         expires = _expiry(args.expires) if args.action == "create" else None
         with StateStore.open(state_dir) as store:
+            audit_log = AuditLog(store)
             if args.action == "create":
                 made = new_token(args.name, Role(args.role), expires)
                 store.add_token(made.record)
+                audit_log.record(AuditEntry("cli", "token-create", args.name, "done", f"role {args.role}"), "cli")
+                audit_log.close()
                 print(made.secret)
                 print(f"edged: token '{args.name}' ({args.role}) created; it is not shown again", file=sys.stderr)
             elif args.action == "list":
@@ -364,6 +369,9 @@ def _token(args: argparse.Namespace) -> int:
             elif not store.revoke_token(args.name):
                 print(f"edged: no active token named '{args.name}'", file=sys.stderr)
                 return 1
+            else:
+                audit_log.record(AuditEntry("cli", "token-revoke", args.name, "done"), "cli")
+                audit_log.close()
     except (ConfigError, StateError, ValueError) as error:
         print(f"edged: {error}", file=sys.stderr)
         return 1

@@ -8,7 +8,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from edged.core.audit import AuditLog
 from edged.daemon.endpoints import UvicornEndpoint, console_config
 from edged.frontends.console import ConsoleContext, create_console_app
 
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from edged.config.settings import Settings
     from edged.core.access import AccessPolicy
     from edged.core.accounts import Accounts
+    from edged.core.audit import AuditLog
     from edged.core.service import InferenceService
     from edged.daemon.endpoints import EndpointTls
 
@@ -30,13 +30,10 @@ log = logging.getLogger("edged")
 class ConsolePart(UvicornEndpoint):
     """The console's server; at start, the setup code when there is no user yet."""
 
-    def __init__(
-        self, config: uvicorn.Config, sock: socket.socket, accounts: Accounts, url: str, audit: AuditLog
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, sock: socket.socket, accounts: Accounts, url: str) -> None:
         super().__init__("the console", config, sock)
         self._accounts = accounts
         self._url = url
-        self._audit = audit
 
     async def start(self) -> None:
         await super().start()
@@ -51,26 +48,21 @@ class ConsolePart(UvicornEndpoint):
             )
         log.info("console on %s", self._url)
 
-    async def stop(self) -> None:
-        await super().stop()
-        # The actions queued for the history are written before the daemon closes the state database.
-        await asyncio.to_thread(self._audit.close)
-
 
 def console_part(
     settings: Settings,
     service: InferenceService,
     accounts: Accounts,
+    audit: AuditLog | None,
     access: AccessPolicy,
     sock: socket.socket,
     refused: Counter,
     tls: EndpointTls,
 ) -> ConsolePart:
     secure = tls.console is not None
-    audit = AuditLog(accounts.store)
     context = ConsoleContext(service, accounts, access.tokens, secure=secure, started_at=time.time(), audit=audit)
     config = console_config(settings, create_console_app(context), refused, tls.console)
     address = settings.console_address or settings.http_address
     host = "localhost" if address in ("0.0.0.0", "::", "") else address
     url = f"{'https' if secure else 'http'}://{host}:{settings.console_port}"
-    return ConsolePart(config, sock, accounts, url, audit)
+    return ConsolePart(config, sock, accounts, url)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from prometheus_client import Counter
 
     from edged.config.settings import Settings
+    from edged.core.audit import AuditLog
     from edged.core.service import InferenceService
     from edged.frontends.metrics.system import SystemMetrics
 
@@ -278,6 +279,7 @@ def http_endpoint(
     refused: Counter,
     access: AccessPolicy,
     tls: HttpTls | None = None,
+    audit: AuditLog | None = None,
 ) -> UvicornEndpoint:
     options = HttpOptions(
         max_input_size=settings.http_max_input_size,
@@ -287,7 +289,7 @@ def http_endpoint(
     # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
     fast_infer = access.is_open(Category.INFERENCE, "http")
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
-    app = AccessMiddleware(create_http_app(service, options, access), access, "http", http_category)
+    app = AccessMiddleware(create_http_app(service, options, access, audit), access, "http", http_category)
     config = _uvicorn_config(app, settings, protocol, tls)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
 

@@ -31,6 +31,7 @@ from edged import __version__
 from edged.backends import BackendRegistry
 from edged.core.access import AccessPolicy, TokenVerifier
 from edged.core.accounts import Accounts
+from edged.core.audit import AuditLog
 from edged.core.devices import DeviceInventory
 from edged.core.metrics_history import MetricsHistory
 from edged.core.repository.archives import ArchiveLimits
@@ -103,8 +104,9 @@ class Core:
 
     # Repository sync, when a repository is remote (s3://, gs://).
     sync: RepositorySync | None = None
-    # The console's users and sessions, when there is a state database.
+    # The console's users and sessions, and the audit history of every door, when there is a state database.
     accounts: Accounts | None = None
+    audit: AuditLog | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -185,6 +187,8 @@ class Core:
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)
         refused = refusal_counter(registry)
+        # Account and token actions, from the console, the HTTP API and the command line alike.
+        audit = AuditLog(store) if store is not None else None
         access = AccessPolicy(settings.access, TokenVerifier(store), counting(access_refusal_counter(registry)))
         return cls(
             executor,
@@ -200,6 +204,7 @@ class Core:
             history,
             sync,
             Accounts(store) if store is not None else None,
+            audit,
         )
 
     def status(self, endpoints: str) -> str:
@@ -225,6 +230,9 @@ class CorePart:
         self._core.service.stopping = True
 
     async def stop(self) -> None:
+        if self._core.audit is not None:
+            # The actions queued for the history are written before the state database closes.
+            await asyncio.to_thread(self._core.audit.close)
         self._core.controller.close()
         self._core.shared_memory.close()
         self._core.executor.shutdown(wait=False, cancel_futures=True)
@@ -376,7 +384,7 @@ def _parts(
     device = DeviceReader(cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics)
     yield MetricsHistoryPart(core.history, device)
     assert sockets.http is not None
-    http = http_endpoint(settings, core.service, sockets.http, core.refused, core.access, tls.http)
+    http = http_endpoint(settings, core.service, sockets.http, core.refused, core.access, tls.http, core.audit)
     endpoints.append(http)
     yield http
     if settings.allow_metrics:
@@ -393,7 +401,9 @@ def _parts(
     if settings.allow_grpc:
         yield GrpcEndpoint(settings, core.service, core.access, tls.grpc)
     if sockets.console is not None and core.accounts is not None:
-        console = console_part(settings, core.service, core.accounts, core.access, sockets.console, core.refused, tls)
+        console = console_part(
+            settings, core.service, core.accounts, core.audit, core.access, sockets.console, core.refused, tls
+        )
         endpoints.append(console)
         yield console
     yield readiness

@@ -229,3 +229,30 @@ def test_dark_and_phone(server: Server, browser: Browser, phone_page: Page) -> N
     phone_page.goto(f"{server.console_url}/history")
     assert_accessible(phone_page)
     screenshot(phone_page, "console-history-phone")
+
+
+def test_token_actions_through_the_api_and_the_command_line_are_in_the_history(server: Server) -> None:
+    """Every door records what it does to tokens: the HTTP API (source api, as the caller) and edged token (cli)."""
+    import json
+    import subprocess
+
+    state = next(arg for arg in server.args if arg.startswith("/") and arg.endswith("history-state0"))
+    made = subprocess.run(
+        [sys.executable, "-m", "edged", "token", "--state-dir", state, "create", "--name", "from-cli", "--role",
+         "viewer"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=True,
+    )  # fmt: skip
+    assert made.stdout.startswith("edged_")
+    # From the device itself (loopback is trusted), over the HTTP API.
+    body = json.dumps({"name": "from-api", "role": "viewer"}).encode()
+    status, _, text = raw(server.http_port, "POST", "/v2/edged/tokens", body, {"Content-Type": "application/json"})
+    assert status == 200, text
+    status, _, text = raw(server.http_port, "DELETE", "/v2/edged/tokens/from-api")
+    assert status == 200, text
+    admin = http_login(server.console_port, "ada")
+    status, _, csv_text = admin.request("GET", "/history.csv?model=&user=&source=")
+    assert status == 200
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    seen = {(row["source"], row["action"], row["target"]) for row in rows if row.get("kind") != "model"}
+    assert ("cli", "token-create", "from-cli") in seen, seen
+    assert ("api", "token-create", "from-api") in seen and ("api", "token-revoke", "from-api") in seen, seen

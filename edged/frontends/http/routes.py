@@ -11,12 +11,13 @@ import base64
 import binascii
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from litestar import Litestar, MediaType, Request, Response, delete, get, post, route
 from litestar.exceptions import InternalServerException, MethodNotAllowedException, NotFoundException
 
 from edged.core.access import ACTOR, AccessPolicy, Role, TokenVerifier, TokenView
+from edged.core.accounts import AuditEntry
 from edged.core.config.model_config import model_config_to_json
 from edged.core.names import printable
 from edged.errors import EdgedError, ErrorCode
@@ -33,6 +34,7 @@ from edged.frontends.http.uploads import model_upload
 from edged.frontends.http.versions import version_activate, version_rollback
 
 if TYPE_CHECKING:
+    from edged.core.audit import AuditLog
     from edged.core.service import InferenceService
     from edged.core.sync_control import SyncControl
 
@@ -504,6 +506,7 @@ async def token_create(request: Request[Any, Any, Any]) -> Response[bytes]:
     except ValueError as error:
         raise EdgedError(ErrorCode.INVALID_ARG, str(error)) from None
     log.info("API token '%s' (%s) created by %s", printable(name), role, ACTOR.get() or "anonymous")
+    _audit(request, "token-create", name, f"role {role}")
     return _json({**_token_json(token), "token": secret})
 
 
@@ -512,10 +515,26 @@ async def token_revoke(request: Request[Any, Any, Any], name: str) -> Response[b
     if not await asyncio.to_thread(_tokens(request).revoke, name):
         raise EdgedError(ErrorCode.NOT_FOUND, f"no active token named '{printable(name)}'")
     log.info("API token '%s' revoked by %s", printable(name), ACTOR.get() or "anonymous")
+    _audit(request, "token-revoke", name, "")
     return _json({})
 
 
-def create_http_app(service: InferenceService, options: HttpOptions, access: AccessPolicy | None = None) -> InferRoute:
+def _audit(
+    request: Request[Any, Any, Any], action: Literal["token-create", "token-revoke"], name: str, detail: str
+) -> None:
+    """A token action into the audit history, as the console records its own (source "api")."""
+    audit: AuditLog | None = request.app.state.audit
+    if audit is not None:
+        peer = request.client.host if request.client is not None else None
+        audit.record(AuditEntry(ACTOR.get() or "anonymous", action, name, "done", detail, peer), "api")
+
+
+def create_http_app(
+    service: InferenceService,
+    options: HttpOptions,
+    access: AccessPolicy | None = None,
+    audit: AuditLog | None = None,
+) -> InferRoute:
     app = Litestar(
         route_handlers=[
             health_live,
@@ -565,4 +584,5 @@ def create_http_app(service: InferenceService, options: HttpOptions, access: Acc
     app.state.service = service
     app.state.options = options
     app.state.access = access
+    app.state.audit = audit
     return InferRoute(app, service, options)
