@@ -299,3 +299,21 @@ def _plain_http_status(port: int) -> int:
         return raw(port, "GET", "/login")[0]
     except (ConnectionError, OSError, Exception):
         return 0
+
+
+def test_keyboard_and_phone_width(console: Server, browser: Browser) -> None:
+    """The first Tab reaches the skip link, which takes the focus past the navigation; at phone width every page of
+    the navigation fits the screen (wide tables scroll inside their card, never the page)."""
+    with open_page(browser, viewport=PHONE) as watched:
+        page = watched.page
+        browser_login(page, console.console_url, "ada")
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.textContent.trim()") == "Skip to content"
+        page.keyboard.press("Enter")
+        assert page.url.endswith("#main")
+        links = page.locator("nav a").evaluate_all("links => links.map(link => link.getAttribute('href'))")
+        assert "/models" in links and "/history" in links
+        for href in links:
+            page.goto(f"{console.console_url}{href}")
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{href} is {overflow} px wider than a phone"
