@@ -18,7 +18,7 @@ from litestar.template.config import TemplateConfig
 
 from edged import __version__
 from edged.errors import EdgedError
-from edged.frontends.console import auth, overview
+from edged.frontends.console import auth, live, overview, sync
 from edged.frontends.console.figures import FILTERS
 from edged.frontends.console.pages import ConsoleContext, LoginNeeded, RoleNeeded, is_htmx, render
 from edged.frontends.http.infer import status_for
@@ -53,7 +53,7 @@ def web_root() -> Path:
 
 def create_console_app(context: ConsoleContext) -> ASGIApp:
     root = web_root()
-    pages = Router(path="/", route_handlers=[*overview.ROUTES], guards=[auth.viewer])
+    pages = Router(path="/", route_handlers=[*overview.ROUTES, *live.ROUTES, *sync.ROUTES], guards=[auth.viewer])
     static = create_static_files_router(
         path="/static",
         directories=[root / "static"],
