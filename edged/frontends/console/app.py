@@ -19,7 +19,7 @@ from litestar.template.config import TemplateConfig
 
 from edged import __version__
 from edged.errors import EdgedError
-from edged.frontends.console import admin, auth, history, models, overview, uploads
+from edged.frontends.console import admin, auth, history, live, models, overview, sync, uploads
 from edged.frontends.console.figures import FILTERS
 from edged.frontends.console.pages import ConsoleContext, LoginNeeded, RoleNeeded, is_htmx, render
 from edged.frontends.http.infer import status_for
@@ -56,7 +56,15 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
     root = web_root()
     pages = Router(
         path="/",
-        route_handlers=[*overview.ROUTES, *models.ROUTES, *uploads.ROUTES, *admin.ROUTES, *history.ROUTES],
+        route_handlers=[
+            *overview.ROUTES,
+            *models.ROUTES,
+            *uploads.ROUTES,
+            *live.ROUTES,
+            *sync.ROUTES,
+            *history.ROUTES,
+            *admin.ROUTES,
+        ],
         guards=[auth.viewer],
     )
     static = create_static_files_router(

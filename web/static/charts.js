@@ -1,0 +1,316 @@
+// The live charts of the metrics page (uPlot). The page is served with a table of the latest values for browsers
+// without JavaScript; this script shows the charts instead, polls /metrics/data for the points after the last one
+// it has, appends them, and redraws. Colours come from the page's CSS (light and dark), sizes from the layout.
+// window.edgedCharts holds each chart (its uPlot and its series' labels), for whoever inspects the page.
+"use strict";
+
+(() => {
+  const root = document.getElementById("charts");
+  if (!root || typeof window.uPlot !== "function") return;
+  const uPlot = window.uPlot;
+  const source = root.dataset.source;
+  const model = root.dataset.model || "";
+  const pollMs = Number(root.dataset.pollMs) || 1500;
+  const buckets = JSON.parse(root.dataset.buckets || "[]");
+  const percentiles = JSON.parse(root.dataset.percentiles || "[]");
+  const status = document.getElementById("charts-status");
+
+  // --- the points ------------------------------------------------------------------------------------------
+  // Every series flattened under a key ("m:<model>:request_rate", "d:cpu" ...), aligned with `time`.
+  const store = { time: [], series: new Map(), totals: new Map(), capacity: 600 };
+  let since = null;
+
+  function flatten(reply) {
+    const flat = new Map();
+    for (const [name, m] of Object.entries(reply.models || {})) {
+      for (const key of ["request_rate", "error_rate", "queue_ms", "compute_ms", "batch_size_mean"]) {
+        flat.set(`m:${name}:${key}`, m[key]);
+      }
+      for (const [label, values] of Object.entries(m.latency_ms || {})) flat.set(`m:${name}:${label}`, values);
+      (m.batch_executions || []).forEach((values, index) => flat.set(`m:${name}:b${index}`, values));
+    }
+    const device = reply.device || {};
+    flat.set("d:cpu", (device.cpu_utilization || []).map((v) => (v == null ? null : v * 100)));
+    flat.set("d:memory", device.memory_used_bytes || []);
+    store.totals.set("d:memory", device.memory_total_bytes);
+    for (const [uuid, gpu] of Object.entries(device.gpus || {})) {
+      flat.set(`g:${uuid}:utilization`, (gpu.utilization || []).map((v) => (v == null ? null : v * 100)));
+      flat.set(`g:${uuid}:memory`, gpu.memory_used_bytes || []);
+      store.totals.set(`g:${uuid}:memory`, gpu.memory_total_bytes);
+    }
+    return flat;
+  }
+
+  function append(reply) {
+    const times = reply.time || [];
+    store.capacity = reply.capacity || store.capacity;
+    const last = store.time.length ? store.time[store.time.length - 1] : null;
+    if (last !== null && times.length && times[0] <= last) {
+      // The history was sent whole again (the daemon's clock went back): start over from it.
+      store.time = [];
+      store.series.clear();
+    }
+    const before = store.time.length;
+    const flat = flatten(reply);
+    const none = (n) => new Array(n).fill(null);
+    for (const [key, values] of store.series) {
+      store.series.set(key, values.concat(flat.has(key) ? flat.get(key) : none(times.length)));
+    }
+    for (const [key, values] of flat) {
+      if (!store.series.has(key)) store.series.set(key, none(before).concat(values));
+    }
+    store.time = store.time.concat(times);
+    const extra = store.time.length - store.capacity;
+    if (extra > 0) {
+      store.time = store.time.slice(extra);
+      for (const [key, values] of store.series) store.series.set(key, values.slice(extra));
+    }
+    // A series with no value left in the window (a model gone for ten minutes) is dropped.
+    for (const [key, values] of store.series) {
+      if (values.every((v) => v == null)) store.series.delete(key);
+    }
+  }
+
+  function models() {
+    const names = new Set();
+    for (const key of store.series.keys()) if (key.startsWith("m:")) names.add(key.slice(2, key.lastIndexOf(":")));
+    return [...names].sort();
+  }
+
+  function gpus() {
+    const ids = new Set();
+    for (const key of store.series.keys()) if (key.startsWith("g:")) ids.add(key.slice(2, key.lastIndexOf(":")));
+    return [...ids].sort();
+  }
+
+  const values = (key) => store.series.get(key) || new Array(store.time.length).fill(null);
+
+  function sum(keys) {
+    return store.time.map((_, i) => {
+      let total = null;
+      for (const key of keys) {
+        const v = values(key)[i];
+        if (v != null) total = (total || 0) + v;
+      }
+      return total;
+    });
+  }
+
+  // --- what each chart shows ---------------------------------------------------------------------------------
+  const one = (name, label) => (model || models().length === 1 ? label : `${name} ${label}`);
+  const perModel = (key, label) =>
+    models().map((name) => ({ label: model || models().length === 1 ? label : name, values: values(`m:${name}:${key}`) }));
+
+  const number = (digits) => (v) => (v == null ? "–" : v.toFixed(v !== 0 && Math.abs(v) < 10 ? digits : 0));
+  const perSecond = (v) => (v == null ? "–" : `${number(1)(v)}/s`);
+  const ms = (v) => (v == null ? "–" : v < 10 ? `${v.toFixed(2)} ms` : v < 1000 ? `${v.toFixed(1)} ms` : `${(v / 1000).toFixed(2)} s`);
+  const percent = (v) => (v == null ? "–" : `${v.toFixed(0)} %`);
+  function bytes(v) {
+    if (v == null) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let amount = v;
+    let unit = 0;
+    while (amount >= 1024 && unit < units.length - 1) {
+      amount /= 1024;
+      unit += 1;
+    }
+    return unit === 0 ? `${amount.toFixed(0)} B` : `${amount.toFixed(1)} ${units[unit]}`;
+  }
+
+  const CHARTS = {
+    requests: { format: perSecond, min: 0, series: () => perModel("request_rate", "requests") },
+    latency: {
+      format: ms,
+      min: 0,
+      series: () =>
+        models().flatMap((name) =>
+          percentiles.map((p) => ({ label: one(name, p), values: values(`m:${name}:${p}`) })),
+        ),
+    },
+    timing: {
+      format: ms,
+      min: 0,
+      series: () =>
+        models().flatMap((name) => [
+          { label: one(name, "queue"), values: values(`m:${name}:queue_ms`) },
+          { label: one(name, "compute"), values: values(`m:${name}:compute_ms`) },
+        ]),
+    },
+    batch: { format: number(1), min: 0, series: () => perModel("batch_size_mean", "mean batch size") },
+    executions: {
+      format: perSecond,
+      min: 0,
+      // Summed over the models shown; only the batch sizes that ran in the window.
+      series: () =>
+        buckets
+          .map((label, index) => ({
+            label: `batch ${label}`,
+            values: sum(models().map((name) => `m:${name}:b${index}`)),
+          }))
+          .filter((s) => s.values.some((v) => v != null && v > 0)),
+    },
+    errors: { format: perSecond, min: 0, series: () => perModel("error_rate", "errors") },
+    utilization: {
+      format: percent,
+      min: 0,
+      max: 100,
+      series: () => [
+        { label: "CPU", values: values("d:cpu") },
+        ...gpus().map((id) => ({ label: `GPU ${id}`, values: values(`g:${id}:utilization`) })),
+      ],
+    },
+    memory: {
+      format: bytes,
+      min: 0,
+      series: () => [
+        { label: "memory", values: values("d:memory"), total: store.totals.get("d:memory") },
+        ...gpus().map((id) => ({ label: `GPU ${id}`, values: values(`g:${id}:memory`), total: store.totals.get(`g:${id}:memory`) })),
+      ],
+    },
+  };
+
+  // --- drawing -----------------------------------------------------------------------------------------------
+  const charts = {};
+  window.edgedCharts = charts;
+
+  function colours() {
+    const style = getComputedStyle(root);
+    const read = (name) => style.getPropertyValue(name).trim();
+    const palette = [];
+    for (let i = 1; i <= 8; i += 1) palette.push(read(`--chart-${i}`) || "#0b5cad");
+    return { palette, axis: read("--chart-axis") || "#58606b", grid: read("--chart-grid") || "#d6dae0" };
+  }
+
+  const heightFor = (width) => (width < 480 ? 180 : 220);
+
+  function options(def, labels, width) {
+    const { palette, axis, grid } = colours();
+    const range = (u, min, max) => {
+      const top = def.max !== undefined ? def.max : max == null || max <= 0 ? 1 : max * 1.1;
+      return [def.min, top];
+    };
+    const line = { stroke: grid, width: 1 };
+    return {
+      width,
+      height: heightFor(width),
+      series: [
+        {},
+        ...labels.map((label, i) => ({
+          label,
+          stroke: palette[i % palette.length],
+          width: 2,
+          points: { show: false },
+          value: (u, v) => def.format(v),
+        })),
+      ],
+      scales: { x: { time: true }, y: { range } },
+      axes: [
+        { stroke: axis, grid: line, ticks: line },
+        { stroke: axis, grid: line, ticks: line, size: 86, values: (u, ticks) => ticks.map((v) => def.format(v)) },
+      ],
+      cursor: { drag: { x: false, y: false } },
+      legend: { show: true },
+    };
+  }
+
+  function latest(series) {
+    // The newest value of the last few points: a second without requests has none.
+    for (let i = series.length - 1; i >= Math.max(0, series.length - 5); i -= 1) if (series[i] != null) return series[i];
+    return null;
+  }
+
+  function summarize(id, def, series) {
+    const element = document.getElementById(`chart-${id}-summary`);
+    if (!element) return;
+    if (!store.time.length || !series.length) {
+      element.textContent = id === "executions" ? "No executions in the last minutes." : "No points yet.";
+      return;
+    }
+    const parts = series.map((s) => {
+      const value = latest(s.values);
+      const total = s.total ? ` of ${def.format(s.total)}` : "";
+      return `${s.label} ${def.format(value)}${value == null ? "" : total}`;
+    });
+    element.textContent = `Latest: ${parts.join(", ")}.`;
+  }
+
+  function draw(id) {
+    const figure = document.getElementById(`chart-${id}`);
+    const def = CHARTS[id];
+    if (!figure || !def) return;
+    const series = def.series();
+    const labels = series.map((s) => s.label);
+    const data = [store.time, ...series.map((s) => s.values)];
+    const chart = charts[id];
+    if (chart && chart.labels.join("\n") === labels.join("\n")) {
+      chart.plot.setData(data);
+    } else {
+      // New series (a model appeared, a batch size ran): uPlot's series are fixed, so the chart is made anew.
+      if (chart) chart.plot.destroy();
+      const holder = figure.querySelector(".plot");
+      const width = Math.max(200, holder.clientWidth);
+      charts[id] = { plot: new uPlot(options(def, labels, width), data, holder), labels };
+    }
+    summarize(id, def, series);
+  }
+
+  function drawAll() {
+    for (const id of Object.keys(CHARTS)) draw(id);
+  }
+
+  function rebuild() {
+    for (const id of Object.keys(charts)) {
+      charts[id].plot.destroy();
+      delete charts[id];
+    }
+    drawAll();
+  }
+
+  // --- polling -----------------------------------------------------------------------------------------------
+  let failures = 0;
+
+  function say(text) {
+    if (status.textContent !== text) status.textContent = text;
+  }
+
+  async function poll() {
+    if (!document.hidden) {
+      const query = new URLSearchParams({ model });
+      if (since !== null) query.set("since", String(since));
+      try {
+        const response = await fetch(`${source}?${query}`, {
+          headers: { Accept: "application/json" },
+          credentials: "same-origin",
+          cache: "no-store",
+        });
+        if (response.redirected || response.status === 401) {
+          window.location.reload(); // the session ended: the page itself goes to the login
+          return;
+        }
+        if (!response.ok) throw new Error(`the server answered ${response.status}`);
+        const reply = await response.json();
+        append(reply);
+        if (reply.last != null) since = reply.last;
+        drawAll();
+        failures = 0;
+        say(`Live: updated every ${(pollMs / 1000).toFixed(1)} seconds.`);
+      } catch (error) {
+        failures += 1;
+        say(`Live updates are interrupted (${error.message}); trying again.`);
+      }
+    }
+    window.setTimeout(poll, failures ? Math.min(30000, pollMs * 2 ** failures) : pollMs);
+  }
+
+  root.hidden = false;
+  const resize = new ResizeObserver(() => {
+    for (const [id, chart] of Object.entries(charts)) {
+      const holder = document.querySelector(`#chart-${id} .plot`);
+      const width = Math.max(200, holder.clientWidth);
+      if (width !== chart.plot.width) chart.plot.setSize({ width, height: heightFor(width) });
+    }
+  });
+  for (const holder of root.querySelectorAll(".plot")) resize.observe(holder);
+  window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", rebuild);
+  poll();
+})();
