@@ -116,7 +116,17 @@ class AuditEntry:
 
     actor: str
     action: Literal[
-        "user-create", "user-disable", "password-set", "login", "logout", "setup", "token-create", "token-revoke"
+        "user-create",
+        "user-disable",
+        "password-set",
+        "login",
+        "logout",
+        "setup",
+        "token-create",
+        "token-revoke",
+        "sync-now",
+        "sync-pause",
+        "sync-resume",
     ]
     target: str
     outcome: Literal["done", "refused"]

@@ -5,6 +5,8 @@ a server that syncs nothing; light, dark and phone width, and axe-core on each."
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import itertools
 import os
 import shutil
@@ -166,6 +168,11 @@ def test_plain_forms_redirect_back(synced: tuple[Server, Bucket, dict[str, bytes
     # Without the form's token the same POST is refused, and changes nothing.
     code, _, _ = session.request("POST", "/sync/pause", {"csrf_token": "not-the-token"})
     assert code == 403 and status(server)["paused"] is False
+    # Both actions are in the audit history, as otto's, done in the console.
+    code, _, text = session.request("GET", "/history.csv?user=otto&source=console")
+    assert code == 200
+    actions = {row["action"] for row in csv.DictReader(io.StringIO(text))}
+    assert {"sync-pause", "sync-resume"} <= actions, actions
 
 
 def test_a_viewer_sees_no_buttons_and_is_refused(page: Page, synced: tuple[Server, Bucket, dict[str, bytes]]) -> None:

@@ -6,13 +6,14 @@ all local folders gets a page that says how to sync one."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from litestar import Request, Response, get, post
 from litestar.response import Redirect, Template
 
+from edged.core.accounts import AuditEntry
 from edged.errors import EdgedError, ErrorCode
-from edged.frontends.console import auth
+from edged.frontends.console import auth, history
 from edged.frontends.console.pages import acting, console, is_htmx, render, session_of
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ async def sync_now(request: Request[Any, Any, Any]) -> Response[Any]:
     """Runs every source now and answers when the runs are done (a probation goes on after them)."""
     sync = _sync(request)
     session = session_of(request)
-    log.info("repository sync asked for by user:%s", session.user)
+    _record(request, "sync-now")
     with acting(session):
         runs = await sync.run_now()
     if is_htmx(request):
@@ -72,7 +73,7 @@ async def sync_pause(request: Request[Any, Any, Any]) -> Response[Any]:
     session = session_of(request)
     with acting(session):
         sync.pause()
-    log.info("repository sync paused by user:%s", session.user)
+    _record(request, "sync-pause")
     return _changed(request, sync)
 
 
@@ -82,8 +83,15 @@ async def sync_resume(request: Request[Any, Any, Any]) -> Response[Any]:
     session = session_of(request)
     with acting(session):
         sync.resume()
-    log.info("repository sync resumed by user:%s", session.user)
+    _record(request, "sync-resume")
     return _changed(request, sync)
+
+
+def _record(request: Request[Any, Any, Any], action: Literal["sync-now", "sync-pause", "sync-resume"]) -> None:
+    """Into the log and the audit history, with the user's name."""
+    session = session_of(request)
+    peer = request.client.host if request.client is not None else None
+    history.record(request, AuditEntry(f"user:{session.user}", action, "repository", "done", peer=peer))
 
 
 def _changed(request: Request[Any, Any, Any], sync: SyncControl) -> Response[Any]:

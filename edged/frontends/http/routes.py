@@ -420,6 +420,7 @@ async def sync_now(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Sync every remote repository now; answers when the runs are done (the probation goes on after)."""
     sync = _sync(request)
     log.info("repository sync asked for by %s", ACTOR.get() or "anonymous")
+    _audit(request, "sync-now", "repository", "")
     return _json({"runs": await sync.run_now()})
 
 
@@ -428,6 +429,7 @@ async def sync_pause(request: Request[Any, Any, Any]) -> Response[bytes]:
     sync = _sync(request)
     sync.pause()
     log.info("repository sync paused by %s", ACTOR.get() or "anonymous")
+    _audit(request, "sync-pause", "repository", "")
     return _json(sync.status())
 
 
@@ -436,6 +438,7 @@ async def sync_resume(request: Request[Any, Any, Any]) -> Response[bytes]:
     sync = _sync(request)
     sync.resume()
     log.info("repository sync resumed by %s", ACTOR.get() or "anonymous")
+    _audit(request, "sync-resume", "repository", "")
     return _json(sync.status())
 
 
@@ -520,9 +523,12 @@ async def token_revoke(request: Request[Any, Any, Any], name: str) -> Response[b
 
 
 def _audit(
-    request: Request[Any, Any, Any], action: Literal["token-create", "token-revoke"], name: str, detail: str
+    request: Request[Any, Any, Any],
+    action: Literal["token-create", "token-revoke", "sync-now", "sync-pause", "sync-resume"],
+    name: str,
+    detail: str,
 ) -> None:
-    """A token action into the audit history, as the console records its own (source "api")."""
+    """A token or sync action into the audit history, as the console records its own (source "api")."""
     audit: AuditLog | None = request.app.state.audit
     if audit is not None:
         peer = request.client.host if request.client is not None else None
