@@ -1,4 +1,4 @@
-"""pytest fixtures for tests in a real browser (see browser.py): a session's Chromium and a watched page per test.
+"""pytest fixtures for tests in a real browser (see browser.py): a Chromium per test module and a watched page per test.
 
 A test module uses them by naming this module as a plugin, then asking for the fixtures by name::
 
@@ -33,8 +33,10 @@ def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestR
     return report
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # One per test module, not per session: while Playwright's sync API is started, the main thread has a running
+    # event loop, and every later test that calls asyncio.run() (grpc.aio clients, the sync tests) would fail.
     with launch() as started:
         yield started
 

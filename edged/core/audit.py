@@ -22,17 +22,21 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
 
+from edged.core.repository.control import Origin
 from edged.state.audit import AuditRecord, Event, EventKey
 
 if TYPE_CHECKING:
     from edged.core.accounts import AuditEntry
     from edged.state.store import StateStore
 
-__all__ = ["CSV_HEADER", "AuditLog", "Event", "Source", "csv_cell", "csv_rows", "write_csv"]
+__all__ = ["CSV_HEADER", "SOURCES", "AuditLog", "Event", "Source", "csv_cell", "csv_rows", "write_csv"]
 
 log = logging.getLogger("edged.core.audit")
 
 Source = Literal["console", "api", "cli"]
+# Every source an event of the history may have: what caused a model transition (model control's origins), and
+# the door an account action came through.
+SOURCES: Final = tuple(dict.fromkeys([*(origin.value for origin in Origin), "console", "api", "cli"]))
 
 CSV_HEADER: Final = (
     "time",

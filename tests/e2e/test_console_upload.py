@@ -266,7 +266,9 @@ def test_a_tar_slip_archive_is_refused_and_nothing_is_written(
     expect(alert).to_contain_text("refused")
     expect(alert.locator(".problems li")).to_contain_text("'..'")
     assert tree(scratch / "repository") == before
-    assert not any(path.name.startswith("evil") for path in scratch.parent.rglob("*"))
+    # Not inside this module's folder (the state directory, where archives are extracted), nor beside it.
+    assert not any(path.name.startswith("evil") for path in scratch.rglob("*"))
+    assert not (scratch.parent / "evil.txt").exists()
     nothing_left_behind(scratch)
 
 

@@ -41,9 +41,11 @@ FORBIDDEN: Final = {
         "edged.core.repository.manager.ModelVersion",
     ),
     # One package per wire: a wire never reaches into another; what both answer is the core's.
-    "edged.frontends.http": ("edged.frontends.grpc", "edged.frontends.metrics"),
-    "edged.frontends.grpc": ("edged.frontends.http", "edged.frontends.metrics"),
-    "edged.frontends.metrics": ("edged.frontends.http", "edged.frontends.grpc"),
+    "edged.frontends.http": ("edged.frontends.grpc", "edged.frontends.metrics", "edged.frontends.console"),
+    "edged.frontends.grpc": ("edged.frontends.http", "edged.frontends.metrics", "edged.frontends.console"),
+    "edged.frontends.metrics": ("edged.frontends.http", "edged.frontends.grpc", "edged.frontends.console"),
+    # The console is a door of its own: what it shares with the HTTP API (statuses, archive bodies) is a level up.
+    "edged.frontends.console": ("edged.frontends.http", "edged.frontends.grpc", "edged.frontends.metrics"),
     "edged.state": ("edged.core", "edged.backends", "edged.frontends", "edged.daemon", "edged.sync"),
     # Sync produces local snapshots with the core's rules (names, confined paths) and the state store; it never
     # reaches a backend, a wire or the daemon, and serves nothing itself.

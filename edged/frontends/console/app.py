@@ -22,7 +22,7 @@ from edged.errors import EdgedError
 from edged.frontends.console import admin, auth, history, live, models, overview, sync, uploads
 from edged.frontends.console.figures import FILTERS
 from edged.frontends.console.pages import ConsoleContext, LoginNeeded, RoleNeeded, is_htmx, render
-from edged.frontends.http.infer import status_for
+from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Message, Receive, Scope, Send

@@ -17,8 +17,7 @@ from urllib.parse import urlencode
 from litestar import Request, get
 from litestar.response import Stream, Template
 
-from edged.core.audit import CSV_HEADER
-from edged.core.repository.control import Origin
+from edged.core.audit import CSV_HEADER, SOURCES
 from edged.frontends.console.pages import console, render
 
 if TYPE_CHECKING:
@@ -31,7 +30,6 @@ log = logging.getLogger("edged.console")
 
 PER_PAGE: Final = 50
 # Where events come from: the model transitions' origins, then the ways account actions come in.
-SOURCES: Final = tuple(dict.fromkeys([*(origin.value for origin in Origin), "console", "api", "cli"]))
 # Filter values longer than this are no model's or user's name.
 _FILTER_MAX: Final = 256
 

@@ -24,7 +24,7 @@ from edged.errors import EdgedError
 from edged.frontends.console import auth
 from edged.frontends.console.figures import NO_TRAFFIC, model_figures
 from edged.frontends.console.pages import acting, console, is_htmx, render, session_of
-from edged.frontends.http.infer import status_for
+from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from litestar import MediaType, Request, Response, get, post
 from litestar.response import Template
 
 from edged.core.repository.uploads import UploadInvalid
 from edged.errors import EdgedError, ErrorCode
+from edged.frontends.bodies import BodyTooLarge, activate_flag, archive_kind, archive_type_refusal, receive_archive
 from edged.frontends.console import auth
 from edged.frontends.console.pages import acting, console, render, session_of
-from edged.frontends.http.codec import encode
-from edged.frontends.http.infer import BodyTooLarge, status_for
-from edged.frontends.http.uploads import activate_flag, archive_kind, archive_type_refusal, receive_archive
+from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
     from edged.core.repository.uploads import ModelUploads
@@ -90,7 +90,7 @@ def _refused(status: int, name: str, message: str) -> Response[bytes]:
 
 
 def _answer(status: int, value: dict[str, Any]) -> Response[bytes]:
-    return Response(encode(value), status_code=status, media_type=MediaType.JSON)
+    return Response(msgspec.json.encode(value), status_code=status, media_type=MediaType.JSON)
 
 
 ROUTES = [upload_page, upload_model]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from edged.core.request.inference import InferRequest
 from edged.errors import EdgedError, ErrorCode
+from edged.frontends.bodies import BodyTooLarge, declared_too_large, streamed_too_large
 from edged.frontends.http.codec import (
     DEFAULT_MAX_JSON_DEPTH,
     decode_infer_request,
@@ -27,6 +28,7 @@ from edged.frontends.http.codec import (
     parse_header_length,
     url_version,
 )
+from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -38,12 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edged.frontends.http")
 
-STATUS_BY_CODE: dict[ErrorCode, int] = {
-    ErrorCode.INTERNAL: 500,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.UNSUPPORTED: 501,
-}
 _JSON = b"application/json"
 _OCTETS = b"application/octet-stream"
 _HEADER_LENGTH = "inference-header-content-length"
@@ -61,31 +57,12 @@ class HttpOptions:
     max_upload_size: int = 2 * 1024**3
 
 
-def status_for(error: EdgedError) -> int:
-    return STATUS_BY_CODE.get(error.code, 400)
-
-
 @dataclass(slots=True)
 class Reply:
     status: int
     body: bytes
     content_type: bytes = _JSON
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-
-
-class BodyTooLarge(Exception):
-    """The request body is over ``HttpOptions.max_input_size`` (413)."""
-
-
-def declared_too_large(declared: str | None, limit: int) -> BodyTooLarge | None:
-    """The refusal of a body whose Content-Length is over the limit, before any of it is read."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-    return None
-
-
-def streamed_too_large(limit: int) -> BodyTooLarge:
-    return BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
 
 
 async def answer_infer(

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Literal
 from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from edged.frontends.http.infer import declared_too_large
+from edged.frontends.bodies import declared_too_large
 from edged.frontends.tls import asgi_tls_extension
 
 log = logging.getLogger("edged.frontends.http")

@@ -25,13 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from edged.frontends.http.infer import (
-    BodyTooLarge,
-    HttpOptions,
-    Reply,
-    answer_infer,
-    streamed_too_large,
-)
+from edged.frontends.bodies import BodyTooLarge, streamed_too_large
+from edged.frontends.http.infer import HttpOptions, Reply, answer_infer
 from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
 
 if TYPE_CHECKING:

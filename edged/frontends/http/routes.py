@@ -28,10 +28,11 @@ from edged.frontends.http.codec import (
     error_body,
     url_version,
 )
-from edged.frontends.http.infer import HttpOptions, InferRoute, status_for
+from edged.frontends.http.infer import HttpOptions, InferRoute
 from edged.frontends.http.openapi import openapi_route
 from edged.frontends.http.uploads import model_upload
 from edged.frontends.http.versions import version_activate, version_rollback
+from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
     from edged.core.audit import AuditLog
