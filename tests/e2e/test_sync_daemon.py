@@ -158,8 +158,9 @@ def test_a_synced_repository_is_served_and_only_changed_models_reload(
             bucket.delete(key)
         (run,) = sync_now(server)
         assert run["outcome"] == "updated" and run["files"] == 1 + 2, run
-        assert max_batch_size(server, "add_sub") == 4
-        assert not ready(server, "add_sub_int32")
+        # The changed models reload as the probation begins, just after the run's answer.
+        wait_until("add_sub reloads with its new config", lambda: max_batch_size(server, "add_sub") == 4)
+        wait_until("the removed model is unloaded", lambda: not ready(server, "add_sub_int32"))
         infer_add_sub(client)
         wait_until("the update is committed", lambda: committed(server))
 
