@@ -1,4 +1,8 @@
-"""The `edged` command: argument parsing only; the work happens in edged.daemon and edged.core."""
+"""The `edged` command: argument parsing only; the work happens in edged.daemon and edged.core.
+
+Each command imports what it uses when it runs, so a command pays only for itself: `edged version` imports nothing
+of edged's but this module, the commands that talk to a running edged no SQLAlchemy, only `serve` the daemon.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +14,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edged import __version__
-from edged.config import ConfigError, add_serve_options, load, render, settings_from, template
-from edged.config.values import parse_bool
-from edged.core.access import Role, new_token
 
-__all__ = ["build_parser", "main", "parse_bool"]
+__all__ = ["build_parser", "main"]
 
 
 def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
     """The ``edged`` command line. ``typed``: ``serve``'s values are converted and defaulted while parsing, so
     ``Settings.from_args`` takes the namespace (the command line alone); ``main`` parses with ``typed=False`` and
     lets edged.config layer the flags over the file and the environment."""
+    from edged.config import add_serve_options
+
     parser = argparse.ArgumentParser(prog="edged", description="Inference server for edge appliances.")
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +59,11 @@ def build_parser(*, typed: bool = True) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv in (["version"], ["--version"]):
+        # Answered before the parser is built: building it imports the serve options (edged.config), which would
+        # be most of this command's time.
+        print(f"edged {__version__}")
+        return 0
     args = build_parser(typed=False).parse_args(argv)
     if args.command == "version":
         print(f"edged {__version__}")
@@ -82,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fleet(args)
     if args.command in ("keygen", "publish"):
         return _publish(args)
+    from edged.config import ConfigError, load, render, settings_from, template
+
     if args.command == "config" and args.template:
         print(template(), end="")
         return 0
@@ -320,6 +330,8 @@ def _add_state_dir_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_token_commands(commands: Any) -> None:
+    from edged.core.access import Role
+
     token = commands.add_parser(
         "token",
         help="create, list and revoke API tokens (kept in the state database)",
@@ -339,6 +351,8 @@ def _add_token_commands(commands: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> int:
+    from edged.config import ConfigError
+    from edged.core.access import Role, new_token
     from edged.core.accounts import AuditEntry
     from edged.core.audit import AuditLog
     from edged.state.records import StateError
@@ -382,6 +396,8 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _add_admin_commands(commands: Any) -> None:
+    from edged.core.access import Role
+
     admin = commands.add_parser(
         "admin",
         help="create, list and disable the web console's users, and set their passwords",
@@ -413,6 +429,8 @@ _ADMIN_ACTIONS: dict[str, Literal["user-create", "user-disable", "password-set"]
 
 
 def _admin(args: argparse.Namespace) -> int:
+    from edged.config import ConfigError
+    from edged.core.access import Role
     from edged.core.accounts import AccountError, Accounts, AuditEntry
     from edged.core.audit import AuditLog
     from edged.state.records import StateError
@@ -548,6 +566,7 @@ def _check_offline(repositories: list[Path], *, auto_complete: bool = True) -> l
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
+    from edged.config import load
     from edged.state.directory import default_state_dir
 
     if args.state_dir is not None:
