@@ -233,7 +233,7 @@ def _daemon(repository: Path) -> Iterator[Started]:
         args += ["--model-control-mode", "explicit", "--load-model", "*"]
         with log.open("wb") as output:
             began = time.perf_counter()
-            process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
+            process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, env=_environment())
         started = Started(process.pid, http_port, log=log)
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
@@ -281,9 +281,16 @@ def _median_idle(samples: list[Idle]) -> Idle:
 # the CLI
 
 
+def _environment() -> dict[str, str]:
+    """This checkout's edged first on the path, also for the console script, whichever checkout the virtualenv's
+    editable install points to."""
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    return os.environ | {"PYTHONPATH": path}
+
+
 def _wall(command: list[str]) -> float:
     began = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(command, check=True, capture_output=True, cwd=ROOT, env=_environment())
     return time.perf_counter() - began
 
 
@@ -316,16 +323,31 @@ def _runtime_names(extras: tuple[str, ...]) -> set[str]:
     return names
 
 
+def _files(dist: importlib.metadata.Distribution) -> Iterator[Path]:
+    """The files the distribution's RECORD lists, and the bytecode Python wrote beside its modules since (which
+    RECORD does not list when the installer did not compile them)."""
+    tag = sys.implementation.cache_tag
+    for file in dist.files or []:
+        path = Path(str(dist.locate_file(file)))
+        yield path
+        if path.suffix == ".py":
+            for optimization in ("", ".opt-1", ".opt-2"):
+                yield path.parent / "__pycache__" / f"{path.stem}.{tag}{optimization}.pyc"
+
+
 def _installed() -> list[dict[str, Any]]:
-    """Every distribution in this interpreter's site-packages with the size of the files its RECORD lists."""
+    """Every distribution in this interpreter's site-packages with the size of its files (bytecode included)."""
     site = Path(sysconfig.get_paths()["purelib"])
     runtime = _runtime_names(())
     sync = _runtime_names(("sync",)) - runtime
     rows: list[dict[str, Any]] = []
+    counted: set[Path] = set()
     for dist in importlib.metadata.distributions(path=[str(site)]):
         size = 0
-        for file in dist.files or []:
-            path = Path(str(dist.locate_file(file)))
+        for path in _files(dist):
+            if path in counted:
+                continue
+            counted.add(path)
             try:
                 size += path.lstat().st_size
             except OSError:  # listed but not there (the .pyc of a file never imported, say)
@@ -533,13 +555,20 @@ def _measure_installed() -> dict[str, Any]:
     print()
     print(
         f"installed in {Path(sysconfig.get_paths()['purelib'])} ({len(rows)} distributions, the files each RECORD "
-        f"lists): {total / 1e6:.1f} MB; "
+        f"list, with their bytecode): {total / 1e6:.1f} MB; "
         + ", ".join(f"{use} {size / 1e6:.1f} MB" for use, size in sorted(by_use.items(), key=lambda kv: -kv[1]))
     )
     print("  run time: edged's requirements without extras, recursively; sync: what only the sync extra adds")
     print(f"  {'MB':>7}  {'use':<12}distribution")
     for row in rows[:TOP_DISTRIBUTIONS]:
         print(f"  {int(row['bytes']) / 1e6:>7.1f}  {row['use']:<12}{row['distribution']} {row['version']}")
+    for use in ("run time", "sync"):
+        # What each run-time dependency costs, however far down the whole list it is.
+        mine = [row for row in rows if row["use"] == use]
+        large = [row for row in mine if int(row["bytes"]) >= 500_000]
+        rest = sum(int(row["bytes"]) for row in mine[len(large) :])
+        listed = ", ".join(f"{row['distribution']} {int(row['bytes']) / 1e6:.1f}" for row in large)
+        print(f"  {use}, MB each: {listed}; {len(mine) - len(large)} more under 0.5 MB: {rest / 1e6:.1f}")
     return {
         "site_packages": str(Path(sysconfig.get_paths()["purelib"])),
         "total_bytes": total,
