@@ -554,7 +554,7 @@ def _measure_installed() -> dict[str, Any]:
         by_use[row["use"]] = by_use.get(row["use"], 0) + int(row["bytes"])
     print()
     print(
-        f"installed in {Path(sysconfig.get_paths()['purelib'])} ({len(rows)} distributions, the files each RECORD "
+        f"installed in {Path(sysconfig.get_paths()['purelib'])} ({len(rows)} distributions, the files their RECORDs "
         f"list, with their bytecode): {total / 1e6:.1f} MB; "
         + ", ".join(f"{use} {size / 1e6:.1f} MB" for use, size in sorted(by_use.items(), key=lambda kv: -kv[1]))
     )
