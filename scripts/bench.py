@@ -55,6 +55,7 @@ Run it through ``scripts/bench``, which sets up the checkout first::
     scripts/bench --sync                # repository sync against aws s3 sync on moto (a few minutes)
     scripts/bench --sync --quick        # the same with a ~60 MB repository and fewer runs
     scripts/bench --console             # the web console's memory and server time per page
+    scripts/bench --footprint           # idle memory, start times, a Python instance's cost, installed size
 
 perf_analyzer 2.60 loads the CUDA runtime (libcudart) whenever it runs with shared memory, even system shared
 memory, and stops when it cannot. Loading the library needs no GPU, so before the first shared-memory run the
@@ -65,6 +66,10 @@ The measurements assume an otherwise idle machine. Each phase first waits a whil
 the CPU, and every measurement records how much CPU they used meanwhile (everything but this process, the load
 generator and the server under test). A measurement they disturbed is taken again once when the CPU is quiet
 (within a time budget); a figure still marked ``!`` in the table was disturbed and is worth measuring again.
+
+With ``--footprint`` it measures what edged costs the device: idle memory of the daemon and its children by
+process and by mapping, cold start to READY, the CLI's start, a Python-backend instance's cost and the
+virtualenv's size by distribution; see scripts/bench_footprint.py. Its results go under the ``footprint`` key.
 
 Generated models, server logs and the results (bench-results.json) go to bench-models/, which git ignores.
 """
@@ -1364,6 +1369,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the web console's cost: idle memory with and without it, and the server time of each page",
     )
+    phase.add_argument(
+        "--footprint",
+        action="store_true",
+        help="only the footprint: idle memory by process and mapping, cold start, CLI start, a Python-backend "
+        "instance's cost and the virtualenv's size by distribution",
+    )
     parser.add_argument("--skip-triton", action="store_true", help="do not measure Triton")
     parser.add_argument(
         "--protocols",
@@ -1387,6 +1398,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench_console import run_console
 
         return run_console(args.quick, argv, save_results)
+    if args.footprint:
+        BENCH_DIR.mkdir(exist_ok=True)
+        from bench_footprint import run_footprint
+
+        return run_footprint(args.quick, argv, save_results)
 
     began = time.monotonic()
     models = bench_models(args.quick)
