@@ -290,6 +290,17 @@ def test_installs_runs_and_purges_in_a_debian_root(deb: Deb, debian_root: Path) 
     find = "import importlib.resources as r; print(r.files('edged') / 'web/static/vendor/MANIFEST.json')"
     manifest = _ok(_in_root(root, f"{PREFIX}/bin/python", "-c", find)).strip()
     assert manifest == f"{PREFIX}/lib/python{_python_minor()}/site-packages/edged/web/static/vendor/MANIFEST.json"
+    # What the package leaves out is not needed: the daemon, both web apps and the command line import, the
+    # bundled models load in ONNX Runtime (check-repo above), and the parts left out are gone.
+    imports = (
+        "import edged.daemon.server, edged.cli, edged.backends.onnxruntime, onnxruntime, numpy;"
+        "from edged.frontends.console import create_console_app;"
+        "from edged.frontends.http import create_http_app;"
+        "import importlib.util as u;"
+        "print(sorted(m for m in ('faker', 'polyfactory', 'rich', 'pygments', 'httpx', 'pip', 'setuptools',"
+        " 'onnxruntime.transformers', 'onnxruntime.quantization', 'numpy._core.tests') if u.find_spec(m)))"
+    )
+    assert _ok(_in_root(root, f"{PREFIX}/bin/python", "-c", imports)).strip() == "[]"
     # Every .pyc shipped was valid where it lies: running edged as root compiled nothing new.
     written = _ok(_in_root(root, "find", PREFIX, "-newer", "/tmp/before-run"))
     assert written == ""
