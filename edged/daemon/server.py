@@ -414,9 +414,43 @@ def run(settings: Settings) -> int:
     _fix_mmap_threshold()
     try:
         import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     except ImportError:  # uvloop is optional: plain asyncio works, only slower
-        return asyncio.run(serve(settings))
-    return uvloop.run(serve(settings))
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        code = loop.run_until_complete(serve(settings))
+        _finish(loop, code)
+    finally:
+        asyncio.set_event_loop(None)
+    loop.close()
+    return code
+
+
+# How long the worker threads of the loop's default executor get to finish once every part has stopped.
+EXECUTOR_GRACE_S = 5.0
+
+
+def _finish(loop: asyncio.AbstractEventLoop, code: int) -> None:
+    """As asyncio.run ends a loop (what is left cancelled, async generators closed, the default executor shut
+    down), but within EXECUTOR_GRACE_S: a thread stuck in a blocking call must not keep a daemon that stopped in
+    order from exiting (systemd would kill it, the state already closed). Such an exit is logged with the
+    threads left."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), EXECUTOR_GRACE_S))
+    except TimeoutError:
+        import threading
+
+        busy = sorted(thread.name for thread in threading.enumerate() if thread is not threading.main_thread())
+        log.warning("exiting with worker threads still busy after %.0f s: %s", EXECUTOR_GRACE_S, ", ".join(busy))
+        logging.shutdown()
+        os._exit(code)
 
 
 # Allocations from this size up are mapped on their own and given back to the system when freed (see below).

@@ -17,6 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 from browser import assert_accessible, open_page, screenshot
 from console_session import PASSWORD, HttpSession, browser_login, console_server, http_login
+from playwright.sync_api import expect
 from server import REPO_ROOT, Server
 from tritonclient.utils import InferenceServerException
 
@@ -253,7 +254,7 @@ def test_a_token_is_shown_once_works_and_stops_when_revoked(server: Server, page
     secret = page.get_by_label(re.compile("^Token")).input_value()
     assert secret.startswith("edged_")
     assert secret not in page.url
-    assert page.get_by_role("button", name="Copy").is_visible()
+    expect(page.get_by_role("button", name="Copy")).to_be_visible()  # shown by admin.js once it has run
     assert_accessible(page)
     screenshot(page, "console-admin-token-created")
 
