@@ -18,10 +18,13 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from edged.config.options import BY_KEY, OPTIONS, Option
+from edged.config.options import BY_KEY, OPTIONS
 from edged.config.settings import Settings
+
+if TYPE_CHECKING:
+    from edged.config.option import Option
 
 DEFAULT_CONFIG_FILE: Final = Path("/etc/edged/edged.toml")
 CONFIG_ENV: Final = "EDGED_CONFIG"
