@@ -60,7 +60,9 @@ def add_serve_options(parser: argparse.ArgumentParser, *, typed: bool) -> None:
         help=f"the configuration file (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG_FILE} when it exists)",
     )
     for option in OPTIONS:
-        kwargs: dict[str, Any] = {"dest": option.key, "help": option.help_text(), "metavar": option.metavar}
+        # argparse expands "%" in help texts; a help that says "10%" must reach it as "10%%".
+        help_text = option.help_text().replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": option.key, "help": help_text, "metavar": option.metavar}
         if typed:
             kwargs["type"] = _argparse_type(option)
             kwargs["default"] = option.default_value()

@@ -60,7 +60,15 @@ def test_version_imports_no_other_module_of_edged(argv: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["config", "--template"], ["config"], ["sync", "--help"], ["token", "--help"], ["admin", "--help"]],
+    [
+        ["--help"],
+        ["serve", "--help"],
+        ["config", "--template"],
+        ["config"],
+        ["sync", "--help"],
+        ["token", "--help"],
+        ["admin", "--help"],
+    ],
 )
 def test_commands_without_a_database_import_nothing_heavy(argv: list[str]) -> None:
     assert _heavy(_imported(*argv)) == []
