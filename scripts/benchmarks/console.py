@@ -1,4 +1,4 @@
-"""``scripts/bench --console``: what the web console costs the device. Two figures, from the bundled repository:
+"""``--console``: what the web console costs the device. Two figures, from the bundled repository:
 
 - **memory**: the daemon's resident set (Rss and Pss from /proc/PID/smaps_rollup) with ``--allow-console false``
   and with the console on, after a user logged in and every page was served a number of times (templates compiled,
@@ -12,6 +12,7 @@ A user is made with ``edged admin create`` in a fresh state directory before eac
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import re
@@ -20,14 +21,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlencode
 
-ROOT: Final = Path(__file__).resolve().parent.parent
-REPOSITORY: Final = ROOT / "model_repository"
+from .common import BUNDLED_REPO, ROOT, Phase
+from .memory import Memory, rollup
+from .results import save_results
+from .servers import edged_daemon, free_ports
+
 PASSWORD: Final = "bench-password-long-enough"
 PAGES: Final = (
     "/",
@@ -46,19 +50,6 @@ PAGES: Final = (
 _TIMING = re.compile(r"dur=([0-9.]+)")
 
 
-def _free_ports(count: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 @contextmanager
 def _daemon(console: bool) -> Iterator[tuple[int, int]]:
     """edged on the bundled repository; yields (pid, console port)."""
@@ -70,34 +61,9 @@ def _daemon(console: bool) -> Iterator[tuple[int, int]]:
              "admin", "--password-stdin"],
             input=PASSWORD, text=True, check=True, capture_output=True, cwd=ROOT,
         )  # fmt: skip
-        http_port, grpc_port, metrics_port, console_port = _free_ports(4)
-        log = Path(scratch) / "edged.log"
-        args = [sys.executable, "-m", "edged", "serve", "--model-repository", str(REPOSITORY)]
-        args += ["--http-address", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-        args += ["--metrics-port", str(metrics_port), "--console-port", str(console_port), "--state-dir", str(state)]
-        args += ["--model-control-mode", "explicit", "--load-model", "*", "--allow-console", str(console).lower()]
-        with log.open("wb") as output:
-            process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
-        try:
-            deadline = time.monotonic() + 60
-            while "edged ready" not in log.read_text(errors="replace"):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"edged did not start:\n{log.read_text(errors='replace')}")
-                time.sleep(0.1)
-            yield process.pid, console_port
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-
-
-def _memory(pid: int) -> dict[str, int]:
-    """Rss and Pss in KiB."""
-    values: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("Rss", "Pss"):
-            values[key] = int(rest.split()[0])
-    return values
+        ports = free_ports()
+        with edged_daemon("edged-console", BUNDLED_REPO, state, ports, "--allow-console", str(console).lower()) as s:
+            yield s.pid, ports.console
 
 
 class _Client:
@@ -159,17 +125,18 @@ def _p95(values: list[float]) -> float | None:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def _settled_memory(pid: int) -> dict[str, int]:
+def _settled_memory(pid: int) -> Memory:
     # The allocator and the metrics history settle within a few seconds of the last request.
     time.sleep(3)
-    return _memory(pid)
+    return rollup(pid)
 
 
-def run_console(quick: bool, argv: list[str] | None, save: Callable[[str, dict[str, Any]], None]) -> int:
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    quick = args.quick
     starts = 1 if quick else 3
     rounds = 20 if quick else 100
-    off: list[dict[str, int]] = []
-    on: list[dict[str, int]] = []
+    off: list[Memory] = []
+    on: list[Memory] = []
     pages: dict[str, dict[str, Any]] = {}
     for _ in range(starts):
         with _daemon(console=False) as (pid, _port):
@@ -177,16 +144,16 @@ def run_console(quick: bool, argv: list[str] | None, save: Callable[[str, dict[s
         with _daemon(console=True) as (pid, port):
             pages = _pages(port, rounds)
             on.append(_settled_memory(pid))
-    rss_off = statistics.median(m["Rss"] for m in off)
-    rss_on = statistics.median(m["Rss"] for m in on)
+    rss_off = statistics.median(m.rss for m in off)
+    rss_on = statistics.median(m.rss for m in on)
     summary: dict[str, Any] = {
         "argv": argv,
         "starts": starts,
         "rounds": rounds,
         "rss_kib_console_off": rss_off,
         "rss_kib_console_on": rss_on,
-        "pss_kib_console_off": statistics.median(m["Pss"] for m in off),
-        "pss_kib_console_on": statistics.median(m["Pss"] for m in on),
+        "pss_kib_console_off": statistics.median(m.pss for m in off),
+        "pss_kib_console_on": statistics.median(m.pss for m in on),
         "pages": pages,
     }
     added = (rss_on - rss_off) / 1024
@@ -201,5 +168,12 @@ def run_console(quick: bool, argv: list[str] | None, save: Callable[[str, dict[s
             f"{(f'{server:.2f} ms' if server is not None else '-'):>15}"
             f"{(f'{p95:.2f} ms' if p95 is not None else '-'):>12}{figures['wall_ms_median']:>10.2f} ms"
         )
-    save("console", summary | {"cpus": os.cpu_count()})
+    save_results("console", summary | {"cpus": os.cpu_count()})
     return 0
+
+
+PHASE: Final = Phase(
+    "--console",
+    "only the web console's cost: idle memory with and without it, and the server time of each page",
+    run,
+)

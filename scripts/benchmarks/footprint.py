@@ -1,4 +1,4 @@
-"""``scripts/bench --footprint``: what edged costs a device in memory, start time and disk. Five figures:
+"""``--footprint``: what edged costs a device in memory, start time and disk. Five figures:
 
 - **idle memory** serving the bundled repository (``model_repository/``), a few seconds after READY: Rss, Pss and
   USS (Private_Clean + Private_Dirty) of the daemon and of every process under it, from /proc/PID/smaps_rollup,
@@ -16,34 +16,30 @@ Each daemon gets its own ports and a fresh state directory; nothing else runs.
 
 from __future__ import annotations
 
-import http.client
-import importlib.metadata
+import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from .common import BUNDLED_REPO, ROOT, Phase, say
+from .installed import measure_installed
+from .memory import Memory, Process, mappings, tree
+from .results import print_saved, run_header, save_results
+from .servers import Started, edged_daemon, free_ports
 
-ROOT: Final = Path(__file__).resolve().parent.parent
-REPOSITORY: Final = ROOT / "model_repository"
-START_TIMEOUT_S: Final = 60.0
 # The allocator, the metrics history and the model-load threads settle within a few seconds of READY.
 SETTLE_S: Final = 3.0
 # How often a cold start looks at the log and the health endpoint: the resolution of its figures.
 POLL_S: Final = 0.005
 TOP_MAPPINGS: Final = 12
-TOP_DISTRIBUTIONS: Final = 25
 MIB: Final = 1024.0
 
 PYTHON_MODEL_CONFIG: Final = """\
@@ -55,7 +51,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 PYTHON_MODEL_PY: Final = '''\
-"""INPUT0 comes back as OUTPUT0 (written by scripts/bench_footprint.py)."""
+"""INPUT0 comes back as OUTPUT0 (written by scripts/bench --footprint)."""
 
 import triton_python_backend_utils as pb_utils
 
@@ -71,185 +67,20 @@ class TritonPythonModel:
 '''
 
 
-def say(message: str) -> None:
-    print(f"bench: {message}", flush=True)
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-# --------------------------------------------------------------------------------------------------------
-# /proc
-
-
-@dataclass
-class Memory:
-    """KiB."""
-
-    rss: int = 0
-    pss: int = 0
-    uss: int = 0
-
-    def add(self, other: Memory) -> None:
-        self.rss += other.rss
-        self.pss += other.pss
-        self.uss += other.uss
-
-
-def _fields(text: str) -> dict[str, int]:
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        key, colon, rest = line.partition(":")
-        parts = rest.split()
-        if colon and parts and parts[0].isdigit():
-            values[key] = int(parts[0])
-    return values
-
-
-def _memory(values: dict[str, int]) -> Memory:
-    private = values.get("Private_Clean", 0) + values.get("Private_Dirty", 0)
-    return Memory(values.get("Rss", 0), values.get("Pss", 0), private)
-
-
-@dataclass
-class Process:
-    pid: int
-    name: str
-    command: str
-    threads: int
-    memory: Memory
-
-
-def _descendants(root: int) -> list[int]:
-    """``root`` and every process under it, parents first, from /proc/*/stat."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        after = text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        children.setdefault(int(after[1]), []).append(int(stat.parent.name))
-    found = [root]
-    for pid in found:
-        found.extend(sorted(children.get(pid, [])))
-    return found
-
-
-def _process(pid: int) -> Process:
-    status = Path(f"/proc/{pid}/status").read_text()
-    name = next(line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Name:"))
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    command = " ".join(part.decode(errors="replace") for part in argv if part)
-    return Process(
-        pid, name, command, _fields(status)["Threads"], _memory(_fields(Path(f"/proc/{pid}/smaps_rollup").read_text()))
-    )
-
-
-def _tree(root: int) -> list[Process]:
-    processes = []
-    for pid in _descendants(root):
-        try:
-            processes.append(_process(pid))
-        except (OSError, StopIteration, KeyError):  # gone meanwhile
-            continue
-    return processes
-
-
-def _mappings(pid: int) -> list[dict[str, Any]]:
-    """The process's mappings grouped by what they map (a file, ``[heap]``, ``[anon]``...), largest Pss first."""
-    groups: dict[str, tuple[Memory, list[int]]] = {}
-    current: Memory | None = None
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:
-            # "start-end perms offset dev inode [pathname]" begins each mapping.
-            name = head[5].strip() if len(head) == 6 else "[anon]"
-            memory, count = groups.setdefault(name, (Memory(), [0]))
-            count[0] += 1
-            current = memory
-            continue
-        key, _, rest = line.partition(":")
-        if current is None or not rest.split() or not rest.split()[0].isdigit():
-            continue
-        value = int(rest.split()[0])
-        if key == "Rss":
-            current.rss += value
-        elif key == "Pss":
-            current.pss += value
-        elif key in ("Private_Clean", "Private_Dirty"):
-            current.uss += value
-    ordered = sorted(groups.items(), key=lambda item: item[1][0].pss, reverse=True)
-    return [
-        {"mapping": name, "mappings": count[0], "rss_kib": m.rss, "pss_kib": m.pss, "uss_kib": m.uss}
-        for name, (m, count) in ordered
-    ]
-
-
 # --------------------------------------------------------------------------------------------------------
 # the daemon
 
 
-@dataclass
-class Started:
-    pid: int
-    http_port: int
-    # Seconds from spawning the process to the "edged ready" log line and to /v2/health/ready answering 200.
-    ready_log_s: float = 0.0
-    ready_http_s: float = 0.0
-    log: Path = field(default_factory=Path)
-
-
-def _health_ready(port: int) -> bool:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-    try:
-        connection.request("GET", "/v2/health/ready")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        connection.close()
-
-
 @contextmanager
 def _daemon(repository: Path) -> Iterator[Started]:
-    """edged serving ``repository`` (every model loaded), its own ports and a fresh state directory; timed."""
+    """edged serving ``repository`` (every model loaded), its own ports and a fresh state directory; timed to the
+    resolution of POLL_S."""
     with tempfile.TemporaryDirectory(prefix="edged-bench-footprint-") as scratch:
         state = Path(scratch) / "state"
         state.mkdir()
-        http_port, grpc_port, metrics_port, console_port = _free_ports(4)
-        log = Path(scratch) / "edged.log"
-        args = [sys.executable, "-m", "edged", "serve", "--model-repository", str(repository)]
-        args += ["--http-address", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-        args += ["--metrics-port", str(metrics_port), "--console-port", str(console_port), "--state-dir", str(state)]
-        args += ["--model-control-mode", "explicit", "--load-model", "*"]
-        with log.open("wb") as output:
-            began = time.perf_counter()
-            process = subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, env=_environment())
-        started = Started(process.pid, http_port, log=log)
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not (started.ready_log_s and started.ready_http_s):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"edged did not start:\n{log.read_text(errors='replace')}")
-                now = time.perf_counter() - began
-                if not started.ready_log_s and "edged ready" in log.read_text(errors="replace"):
-                    started.ready_log_s = now
-                if not started.ready_http_s and _health_ready(http_port):
-                    started.ready_http_s = now
-                time.sleep(POLL_S)
+        ports = free_ports()
+        with edged_daemon("edged-footprint", repository, state, ports, env=_environment(), poll_s=POLL_S) as started:
             yield started
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
 
 
 @dataclass
@@ -268,7 +99,7 @@ class Idle:
 def _idle(repository: Path) -> Idle:
     with _daemon(repository) as started:
         time.sleep(SETTLE_S)
-        return Idle(_tree(started.pid), _mappings(started.pid))
+        return Idle(tree(started.pid), mappings(started.pid))
 
 
 def _median_idle(samples: list[Idle]) -> Idle:
@@ -292,71 +123,6 @@ def _wall(command: list[str]) -> float:
     began = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, cwd=ROOT, env=_environment())
     return time.perf_counter() - began
-
-
-# --------------------------------------------------------------------------------------------------------
-# the virtualenv
-
-
-def _runtime_names(extras: tuple[str, ...]) -> set[str]:
-    """edged's requirements with ``extras`` (none: only the run-time ones), followed recursively with each
-    requirement's own extras, as canonical distribution names."""
-    environment = {"extra": ""}
-    wanted: list[tuple[str, tuple[str, ...]]] = [("edged", extras)]
-    seen: set[tuple[str, str]] = set()
-    names: set[str] = set()
-    while wanted:
-        name, with_extras = wanted.pop()
-        for extra in ("", *with_extras):
-            if (name, extra) in seen:
-                continue
-            seen.add((name, extra))
-            names.add(name)
-            try:
-                requires = importlib.metadata.requires(name) or []
-            except importlib.metadata.PackageNotFoundError:
-                continue
-            for text in requires:
-                requirement = Requirement(text)
-                if requirement.marker is None or requirement.marker.evaluate(environment | {"extra": extra}):
-                    wanted.append((canonicalize_name(requirement.name), tuple(sorted(requirement.extras))))
-    return names
-
-
-def _files(dist: importlib.metadata.Distribution) -> Iterator[Path]:
-    """The files the distribution's RECORD lists, and the bytecode Python wrote beside its modules since (which
-    RECORD does not list when the installer did not compile them)."""
-    tag = sys.implementation.cache_tag
-    for file in dist.files or []:
-        path = Path(str(dist.locate_file(file)))
-        yield path
-        if path.suffix == ".py":
-            for optimization in ("", ".opt-1", ".opt-2"):
-                yield path.parent / "__pycache__" / f"{path.stem}.{tag}{optimization}.pyc"
-
-
-def _installed() -> list[dict[str, Any]]:
-    """Every distribution in this interpreter's site-packages with the size of its files (bytecode included)."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    runtime = _runtime_names(())
-    sync = _runtime_names(("sync",)) - runtime
-    rows: list[dict[str, Any]] = []
-    counted: set[Path] = set()
-    for dist in importlib.metadata.distributions(path=[str(site)]):
-        size = 0
-        for path in _files(dist):
-            if path in counted:
-                continue
-            counted.add(path)
-            try:
-                size += path.lstat().st_size
-            except OSError:  # listed but not there (the .pyc of a file never imported, say)
-                continue
-        name = canonicalize_name(dist.metadata["Name"])
-        use = "run time" if name in runtime else "sync" if name in sync else "tests/tools"
-        rows.append({"distribution": name, "version": dist.version, "bytes": size, "use": use})
-    rows.sort(key=lambda row: int(row["bytes"]), reverse=True)
-    return rows
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -411,12 +177,13 @@ def _totals(samples: list[Idle]) -> dict[str, float]:
 
 
 def _measure_idle(starts: int) -> dict[str, Any]:
-    samples = [_idle(REPOSITORY) for _ in range(starts)]
+    samples = [_idle(BUNDLED_REPO) for _ in range(starts)]
     totals = _totals(samples)
     shown = _median_idle(samples)
+    models = ", ".join(sorted(p.name for p in BUNDLED_REPO.iterdir()))
     print()
     print(
-        f"idle, serving {REPOSITORY.relative_to(ROOT)}/ ({', '.join(sorted(p.name for p in REPOSITORY.iterdir()))}), "
+        f"idle, serving {BUNDLED_REPO.relative_to(ROOT)}/ ({models}), "
         f"{SETTLE_S:.0f} s after READY; median of {starts} starts:"
     )
     print(
@@ -454,7 +221,7 @@ def _measure_cold_start(starts: int) -> dict[str, Any]:
     log_s: list[float] = []
     http_s: list[float] = []
     for _ in range(starts):
-        with _daemon(REPOSITORY) as started:
+        with _daemon(BUNDLED_REPO) as started:
             log_s.append(started.ready_log_s)
             http_s.append(started.ready_http_s)
     result: dict[str, Any] = {
@@ -546,56 +313,33 @@ def _measure_python_backend(starts: int) -> dict[str, Any]:
     }
 
 
-def _measure_installed() -> dict[str, Any]:
-    rows = _installed()
-    total = sum(int(row["bytes"]) for row in rows)
-    by_use: dict[str, int] = {}
-    for row in rows:
-        by_use[row["use"]] = by_use.get(row["use"], 0) + int(row["bytes"])
-    print()
-    print(
-        f"installed in {Path(sysconfig.get_paths()['purelib'])} ({len(rows)} distributions, the files their RECORDs "
-        f"list, with their bytecode): {total / 1e6:.1f} MB; "
-        + ", ".join(f"{use} {size / 1e6:.1f} MB" for use, size in sorted(by_use.items(), key=lambda kv: -kv[1]))
-    )
-    print("  run time: edged's requirements without extras, recursively; sync: what only the sync extra adds")
-    print(f"  {'MB':>7}  {'use':<12}distribution")
-    for row in rows[:TOP_DISTRIBUTIONS]:
-        print(f"  {int(row['bytes']) / 1e6:>7.1f}  {row['use']:<12}{row['distribution']} {row['version']}")
-    for use in ("run time", "sync"):
-        # What each run-time dependency costs, however far down the whole list it is.
-        mine = [row for row in rows if row["use"] == use]
-        large = [row for row in mine if int(row["bytes"]) >= 500_000]
-        rest = sum(int(row["bytes"]) for row in mine[len(large) :])
-        listed = ", ".join(f"{row['distribution']} {int(row['bytes']) / 1e6:.1f}" for row in large)
-        print(f"  {use}, MB each: {listed}; {len(mine) - len(large)} more under 0.5 MB: {rest / 1e6:.1f}")
-    return {
-        "site_packages": str(Path(sysconfig.get_paths()["purelib"])),
-        "total_bytes": total,
-        "bytes_by_use": by_use,
-        "distributions": rows,
-    }
-
-
-def run_footprint(quick: bool, argv: list[str] | None, save: Callable[[str, dict[str, Any]], None]) -> int:
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     began = time.monotonic()
+    quick = args.quick
     idle_starts = 1 if quick else 3
     cold_starts = 2 if quick else 5
     cli_runs = 4 if quick else 10
     python_starts = 1 if quick else 3
     say(f"footprint: {idle_starts} idle start(s), {cold_starts} cold starts, {cli_runs} CLI runs")
     summary: dict[str, Any] = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
+        **run_header(argv),
         "cpus": os.cpu_count(),
         "quick": quick,
         "idle": _measure_idle(idle_starts),
         "cold_start": _measure_cold_start(cold_starts),
         "cli": _measure_cli(cli_runs),
         "python_backend": _measure_python_backend(python_starts),
-        "installed": _measure_installed(),
+        "installed": measure_installed(),
     }
-    save("footprint", summary)
+    save_results("footprint", summary)
     print()
-    print(f"results: bench-models/bench-results.json, key footprint ({time.monotonic() - began:.0f} s)")
+    print_saved(began, "footprint")
     return 0
+
+
+PHASE: Final = Phase(
+    "--footprint",
+    "only the footprint: idle memory by process and mapping, cold start, CLI start, a Python-backend "
+    "instance's cost and the virtualenv's size by distribution",
+    run,
+)

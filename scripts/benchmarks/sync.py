@@ -1,4 +1,4 @@
-"""``scripts/bench --sync``: edged's repository sync against ``aws s3 sync`` on the same S3 endpoint, in one run.
+"""``--sync``: edged's repository sync against ``aws s3 sync`` on the same S3 endpoint, in one run.
 
 A moto S3 server (the one the tests use) holds two repositories, uploaded once:
 
@@ -21,6 +21,7 @@ Objects are uploaded in one part each, so S3's ETag is their MD5 and edged verif
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -31,13 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-ROOT: Final = Path(__file__).resolve().parent.parent
+from .common import ROOT, Phase
+from .results import run_header, save_results
+
 AWSCLI: Final = "awscli==1.46.3"
 AWS_VENV: Final = ROOT / ".venv-awscli"
 CREDENTIALS: Final = {
@@ -252,9 +255,11 @@ def _moto() -> Iterator[int]:
         yield port
 
 
-def run_sync(quick: bool, argv: list[str] | None, save: Callable[[str, dict[str, Any]], None]) -> int:
-    """The ``--sync`` phase; its results go under the ``sync`` key of bench-results.json."""
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """The ``--sync`` phase; its results go under the ``sync`` key of bench-results.json. It needs no model, server
+    or load generator: it brings its own S3 endpoint and client."""
     began = time.monotonic()
+    quick = args.quick
     aws = ensure_awscli()
     version = subprocess.run([str(aws), "--version"], capture_output=True, text=True, check=True).stdout.strip()
     full_runs, delta_runs = (1, 3) if quick else (3, 5)
@@ -282,11 +287,10 @@ def run_sync(quick: bool, argv: list[str] | None, save: Callable[[str, dict[str,
     print("edged (process): a Python process running sync_once (list, download, verify size + MD5 + sha256, "
           "build the snapshot, switch); edged (in sync_once): the same run as the daemon would spend it")  # fmt: skip
     print(f"aws s3 sync: {version} (default settings: 10 concurrent requests, 8 MB parts)")
-    save(
+    save_results(
         "sync",
         {
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join(["scripts/bench", *(argv if argv is not None else sys.argv[1:])]),
+            **run_header(argv),
             "cpus": os.cpu_count(),
             "aws": version,
             "cases": [{**asdict(case), "ratio": case.ratio} for case in cases],
@@ -294,3 +298,11 @@ def run_sync(quick: bool, argv: list[str] | None, save: Callable[[str, dict[str,
     )
     say(f"done in {time.monotonic() - began:.0f} s")
     return 0
+
+
+PHASE: Final = Phase(
+    "--sync",
+    "only the repository-sync comparison: edged's sync against `aws s3 sync` on a moto S3 server "
+    "(full download of a large and of a 1,000-file repository, then one changed file)",
+    run,
+)
