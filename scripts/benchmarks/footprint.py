@@ -1,4 +1,4 @@
-"""``--footprint``: what edged costs a device in memory, start time and disk. Five figures:
+"""``--footprint``: what edged costs a device in memory, start time and disk. Six figures:
 
 - **idle memory** serving the bundled repository (``model_repository/``), a few seconds after READY: Rss, Pss and
   USS (Private_Clean + Private_Dirty) of the daemon and of every process under it, from /proc/PID/smaps_rollup,
@@ -9,7 +9,10 @@
 - **a Python-backend instance**: one identity model with one instance, written for the run, against an empty
   repository: the stub process's memory and what the daemon grows by;
 - **installed size** of the virtualenv per distribution, marking what edged needs at run time (its requirements
-  without extras, followed recursively), what only the ``sync`` extra needs, and what only tests and tools need.
+  without extras, followed recursively), what only the ``sync`` extra needs, and what only tests and tools need;
+- **the .deb**: packaging/build-deb's package of this checkout, its Installed-Size, and the idle memory and cold
+  start again with the daemon running from the package's unpacked tree (its interpreter, its libraries, its
+  bytecode), which is what a device runs: shared pages and imported modules differ from the virtualenv's.
 
 Each daemon gets its own ports and a fresh state directory; nothing else runs.
 """
@@ -71,15 +74,43 @@ class TritonPythonModel:
 # the daemon
 
 
+@dataclass(frozen=True)
+class Install:
+    """Where edged runs from: this checkout on the development virtualenv, or an installed package's tree."""
+
+    python: str = sys.executable
+    cwd: Path = ROOT
+    installed: bool = False
+
+    def environment(self) -> dict[str, str]:
+        if not self.installed:
+            return _environment()
+        # The package's own edged and nothing of the checkout; its tree is read-only on a device, so nothing
+        # compiles bytecode into it.
+        return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONDONTWRITEBYTECODE": "1"}
+
+
+CHECKOUT: Final = Install()
+
+
 @contextmanager
-def _daemon(repository: Path) -> Iterator[Started]:
+def _daemon(repository: Path, install: Install = CHECKOUT) -> Iterator[Started]:
     """edged serving ``repository`` (every model loaded), its own ports and a fresh state directory; timed to the
     resolution of POLL_S."""
     with tempfile.TemporaryDirectory(prefix="edged-bench-footprint-") as scratch:
         state = Path(scratch) / "state"
         state.mkdir()
         ports = free_ports()
-        with edged_daemon("edged-footprint", repository, state, ports, env=_environment(), poll_s=POLL_S) as started:
+        with edged_daemon(
+            "edged-footprint",
+            repository,
+            state,
+            ports,
+            env=install.environment(),
+            poll_s=POLL_S,
+            python=install.python,
+            cwd=install.cwd,
+        ) as started:
             yield started
 
 
@@ -96,8 +127,8 @@ class Idle:
         return total
 
 
-def _idle(repository: Path) -> Idle:
-    with _daemon(repository) as started:
+def _idle(repository: Path, install: Install = CHECKOUT) -> Idle:
+    with _daemon(repository, install) as started:
         time.sleep(SETTLE_S)
         return Idle(tree(started.pid), mappings(started.pid))
 
@@ -176,14 +207,15 @@ def _totals(samples: list[Idle]) -> dict[str, float]:
     }
 
 
-def _measure_idle(starts: int) -> dict[str, Any]:
-    samples = [_idle(BUNDLED_REPO) for _ in range(starts)]
+def _measure_idle(starts: int, install: Install = CHECKOUT) -> dict[str, Any]:
+    samples = [_idle(BUNDLED_REPO, install) for _ in range(starts)]
     totals = _totals(samples)
     shown = _median_idle(samples)
     models = ", ".join(sorted(p.name for p in BUNDLED_REPO.iterdir()))
+    where = "the installed package" if install.installed else "the development virtualenv"
     print()
     print(
-        f"idle, serving {BUNDLED_REPO.relative_to(ROOT)}/ ({models}), "
+        f"idle, {where}, serving {BUNDLED_REPO.relative_to(ROOT)}/ ({models}), "
         f"{SETTLE_S:.0f} s after READY; median of {starts} starts:"
     )
     print(
@@ -217,11 +249,11 @@ def _short_path(path: str) -> str:
     return path
 
 
-def _measure_cold_start(starts: int) -> dict[str, Any]:
+def _measure_cold_start(starts: int, install: Install = CHECKOUT) -> dict[str, Any]:
     log_s: list[float] = []
     http_s: list[float] = []
     for _ in range(starts):
-        with _daemon(BUNDLED_REPO) as started:
+        with _daemon(BUNDLED_REPO, install) as started:
             log_s.append(started.ready_log_s)
             http_s.append(started.ready_http_s)
     result: dict[str, Any] = {
@@ -233,7 +265,8 @@ def _measure_cold_start(starts: int) -> dict[str, Any]:
     }
     print()
     print(
-        f"cold start of `python -m edged serve` on the bundled repository (median of {starts}): "
+        f"cold start of `python -m edged serve` ({'installed package' if install.installed else 'virtualenv'}) "
+        f"on the bundled repository (median of {starts}): "
         f"'edged ready' logged after {result['ready_log_s_median']:.2f} s, /v2/health/ready 200 after "
         f"{result['ready_http_s_median']:.2f} s (min {min(http_s):.2f}, max {max(http_s):.2f})"
     )
@@ -313,6 +346,39 @@ def _measure_python_backend(starts: int) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def _installed_package() -> Iterator[tuple[Path, Install]]:
+    """packaging/build-deb's .deb of this checkout (uncompressed: xz changes nothing installed), unpacked."""
+    with tempfile.TemporaryDirectory(prefix="edged-bench-footprint-deb-") as scratch:
+        say("footprint: building the .deb (packaging/build-deb)")
+        env = os.environ | {"EDGED_DEB_COMPRESSION": "none"}
+        built = subprocess.run(
+            [str(ROOT / "packaging" / "build-deb"), "--output", scratch],
+            cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        deb = Path(built.stdout.strip().splitlines()[-1])
+        tree = Path(scratch) / "tree"
+        subprocess.run(["dpkg-deb", "--extract", str(deb), str(tree)], check=True)
+        yield deb, Install(str(tree / "opt" / "edged" / "bin" / "python"), Path(scratch), installed=True)
+
+
+def _measure_package(idle_starts: int, cold_starts: int) -> dict[str, Any]:
+    """The .deb: its installed size, and the daemon's idle memory and cold start running from its tree."""
+    with _installed_package() as (deb, install):
+        fields = subprocess.run(["dpkg-deb", "--field", str(deb), "Installed-Size"], check=True, capture_output=True)
+        installed_kib = int(fields.stdout)
+        print()
+        print(
+            f"the .deb (packaging/build-deb): Installed-Size {installed_kib:,} KiB ({installed_kib / MIB:.1f} MiB, "
+            f"{installed_kib * 1024 / 1e6:.1f} MB), {deb.stat().st_size / 1e6:.1f} MB uncompressed"
+        )
+        return {
+            "installed_size_kib": installed_kib,
+            "idle": _measure_idle(idle_starts, install),
+            "cold_start": _measure_cold_start(cold_starts, install),
+        }
+
+
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     began = time.monotonic()
     quick = args.quick
@@ -330,6 +396,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         "cli": _measure_cli(cli_runs),
         "python_backend": _measure_python_backend(python_starts),
         "installed": measure_installed(),
+        "package": _measure_package(idle_starts, cold_starts),
     }
     save_results("footprint", summary)
     print()

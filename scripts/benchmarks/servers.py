@@ -73,11 +73,14 @@ def triton_command(ports: Ports) -> list[str]:
     ]  # fmt: skip
 
 
-def daemon_command(repository: Path, state: Path, ports: Ports, *options: str) -> list[str]:
+def daemon_command(
+    repository: Path, state: Path, ports: Ports, *options: str, python: str = sys.executable
+) -> list[str]:
     """``python -m edged serve`` with every model of ``repository`` loaded, on ``ports``, with its own state
-    directory, and ``options`` after (the console's, say): how --console and --footprint run it."""
+    directory, and ``options`` after (the console's, say): how --console and --footprint run it. ``python``: the
+    interpreter (an installed package's, say)."""
     return [
-        sys.executable, "-m", "edged", "serve", "--model-repository", str(repository),
+        python, "-m", "edged", "serve", "--model-repository", str(repository),
         "--http-address", "127.0.0.1", "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
         "--metrics-port", str(ports.metrics), "--console-port", str(ports.console), "--state-dir", str(state),
         "--model-control-mode", "explicit", "--load-model", "*",
@@ -124,6 +127,7 @@ def running_server(
     poll_s: float = 0.25,
     timeout_s: float = SERVER_START_TIMEOUT_S,
     quiet: bool = False,
+    cwd: Path = ROOT,
 ) -> Iterator[Started]:
     """Starts a server, waits until it reports ready (over TLS with ``tls``, a client context; with ``ready_line``
     also until its log has that line), and stops it (SIGTERM, then SIGKILL) afterwards.
@@ -138,7 +142,7 @@ def running_server(
         began = time.perf_counter()
         # A session of its own, so that stopping it also reaches the processes it starts (Triton's stubs).
         process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
     started = Started(process.pid, log_path)
     try:
@@ -171,12 +175,14 @@ def edged_daemon(
     *options: str,
     env: dict[str, str] | None = None,
     poll_s: float = 0.1,
+    python: str = sys.executable,
+    cwd: Path = ROOT,
 ) -> Iterator[Started]:
     """edged on ``repository`` (see daemon_command), ready once it logged "edged ready" and its health endpoint
     says so; quiet, as phases that start it many times want it. Its log is bench-models/NAME.log, the last start's."""
     with running_server(
         name,
-        daemon_command(repository, state, ports, *options),
+        daemon_command(repository, state, ports, *options, python=python),
         ports.http,
         log=BENCH_DIR / f"{name}.log",
         env=env,
@@ -184,6 +190,7 @@ def edged_daemon(
         poll_s=poll_s,
         timeout_s=DAEMON_START_TIMEOUT_S,
         quiet=True,
+        cwd=cwd,
     ) as started:
         yield started
 
