@@ -120,10 +120,14 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def run_server(
-    repositories: Sequence[Path | str], *extra_args: str, tls: ssl.SSLContext | None = None
+    repositories: Sequence[Path | str],
+    *extra_args: str,
+    tls: ssl.SSLContext | None = None,
+    environment: Mapping[str, str | None] | None = None,
 ) -> Iterator[Server]:
     """Starts ``edged serve`` on the repositories and yields it once ``GET /v2/health/live`` answers 200 and the
-    daemon has logged that it is ready; ``tls``: the client context to ask with, when HTTP is served over TLS."""
+    daemon has logged that it is ready; ``tls``: the client context to ask with, when HTTP is served over TLS;
+    ``environment``: variables set for the daemon (None: removed)."""
     http_port, metrics_port, grpc_port, console_port = free_ports(4)
     args = [sys.executable, "-m", "edged", "serve"]
     for repository in repositories:
@@ -143,6 +147,11 @@ def run_server(
         *extra_args,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name, value in (environment or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     with tempfile.TemporaryDirectory(prefix="edged-test-") as scratch:
         if not any(arg.startswith("--state-dir") for arg in extra_args):
             # Each daemon keeps its state database with its log, never in the user's state directory.

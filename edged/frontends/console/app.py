@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, MediaType, Request, Response, Router
 from litestar.datastructures import CacheControlHeader
 from litestar.exceptions import HTTPException, NotFoundException, PermissionDeniedException
-from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
@@ -20,8 +19,8 @@ from litestar.template.config import TemplateConfig
 from edged import __version__
 from edged.errors import EdgedError
 from edged.frontends.console import admin, auth, history, live, models, overview, sync, uploads
-from edged.frontends.console.figures import FILTERS
 from edged.frontends.console.pages import ConsoleContext, LoginNeeded, RoleNeeded, is_htmx, render
+from edged.frontends.console.templates import LazyJinja
 from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
@@ -76,9 +75,7 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
     )
     app = Litestar(
         route_handlers=[auth.login_page, auth.login, auth.setup_page, auth.setup, auth.logout, pages, static],
-        template_config=TemplateConfig(
-            directory=root / "templates", engine=JinjaTemplateEngine, engine_callback=_add_filters
-        ),
+        template_config=TemplateConfig(directory=root / "templates", engine=LazyJinja),
         exception_handlers={HTTPException: _http_error, EdgedError: _edged_error},
         openapi_config=None,
         # edged's logging stays as the daemon set it up (Litestar's own would put a queue in front of the root
@@ -88,13 +85,6 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
     )
     app.state.console = context
     return _Headers(app, hsts=context.secure)
-
-
-def _add_filters(engine: JinjaTemplateEngine) -> None:
-    engine.engine.filters.update(FILTERS)
-    # Block tags leave no blank lines behind: the pages stay small.
-    engine.engine.trim_blocks = True
-    engine.engine.lstrip_blocks = True
 
 
 class _Headers:
