@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -82,12 +83,7 @@ def _python_minor() -> str:
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deb]:
     tmp = tmp_path_factory.mktemp(BUILD_TMP_MARKER)
-    env = {
-        **os.environ,
-        "TMPDIR": str(tmp),
-        "EDGED_WHEELHOUSE": os.environ.get("EDGED_WHEELHOUSE", str(CACHE / "edged-wheelhouse")),
-        "EDGED_DEB_COMPRESSION": "none",
-    }
+    env = _build_env(tmp)
     build = _run(
         str(REPO_ROOT / "packaging/build-deb"), "--output", str(tmp / "dist"), timeout=BUILD_TIMEOUT_S, env=env
     )
@@ -112,6 +108,32 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deb]:
     _ok(_run("dpkg-deb", "--extract", str(path), str(tree)))
     yield Deb(path, members, tree, leaked)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_env(tmp: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "EDGED_WHEELHOUSE": os.environ.get("EDGED_WHEELHOUSE", str(CACHE / "edged-wheelhouse")),
+        "EDGED_DEB_COMPRESSION": "none",
+        **extra,
+    }
+
+
+def test_a_build_over_the_budget_fails_and_names_the_largest_parts(deb: Deb, tmp_path: Path) -> None:
+    installed_kib = int(_ok(_run("dpkg-deb", "--field", str(deb.path), "Installed-Size")))
+    default = re.search(r"EDGED_DEB_BUDGET_KIB:-(\d+)", (REPO_ROOT / "packaging/build-deb").read_text())
+    assert default is not None, "build-deb names no default budget"
+    budget = int(default[1])
+    assert installed_kib <= budget
+    env = _build_env(tmp_path, EDGED_DEB_BUDGET_KIB=str(installed_kib - 1))
+    build = _run(
+        str(REPO_ROOT / "packaging/build-deb"), "--output", str(tmp_path / "dist"), timeout=BUILD_TIMEOUT_S, env=env
+    )
+    assert build.returncode != 0
+    assert f"over its budget of {(installed_kib - 1) // 1024} MiB" in build.stderr, build.stderr
+    assert "site-packages/onnxruntime" in build.stderr
+    assert not list((tmp_path / "dist").glob("*.deb"))
 
 
 def test_control_fields(deb: Deb) -> None:
@@ -176,6 +198,17 @@ def test_files(deb: Deb) -> None:
         in members
     )
     assert b"home = /usr/bin\n" in deb.read(f"{PREFIX}/pyvenv.cfg")
+    # Extension modules come without debugging information, but numpy's (auditwheel patched them: see build-deb).
+    site = f"{PREFIX}/lib/python{minor}/site-packages/"
+    with_debug = [
+        name
+        for name, member in members.items()
+        if member.isfile()
+        and ".so" in name
+        and not name.startswith(f"{site}numpy")
+        and b".debug_info" in deb.read(name)
+    ]
+    assert with_debug == []
     web = f"{PREFIX}/lib/python{minor}/site-packages/edged/web"
     for name in _shipped_web_files():
         assert deb.read(f"{web}/{name}") == (REPO_ROOT / "web" / name).read_bytes(), name
