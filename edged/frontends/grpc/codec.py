@@ -131,7 +131,10 @@ def _kind(parameter: Any) -> str | None:
 def _request_parameters(request: Any) -> dict[str, ParameterValue]:
     """The request's parameters checked as SetInferenceRequestMetadata checks them."""
     out: dict[str, ParameterValue] = {}
-    for key, parameter in request.parameters.items():
+    parameters = request.parameters
+    if not len(parameters):
+        return out  # the common case; iterating an empty map still costs a generic Mapping.items() view
+    for key, parameter in parameters.items():
         kind = _kind(parameter)
         if key == "sequence_id":
             if kind not in ("int64_param", "string_param"):
@@ -235,7 +238,8 @@ def decode_infer_request(request: Any, version: int) -> InferRequest:
         name = tensor.name
         datatype = tensor.datatype
         shape = tuple(tensor.shape)
-        shared_memory = _shared_memory_parameters(tensor)
+        has_parameters = len(tensor.parameters) > 0
+        shared_memory = _shared_memory_parameters(tensor) if has_parameters else None
         has_contents = tensor.HasField("contents")
         if shared_memory is not None:
             if has_contents:
@@ -260,8 +264,11 @@ def decode_infer_request(request: Any, version: int) -> InferRequest:
         else:
             raise invalid_arg(f"unable to find data for input tensor '{name}' for model '{model}' in request.")
         # The core checks the byte count against the shape once it has checked the shape, as Triton does.
-        inputs.append(InferInput(name, datatype, shape, None, raw, _other_parameters(tensor, ())))
-    outputs = [_requested_output(output) for output in request.outputs] if len(request.outputs) else None
+        inputs.append(
+            InferInput(name, datatype, shape, None, raw, _other_parameters(tensor, ()) if has_parameters else {})
+        )
+    requested = request.outputs
+    outputs = [_requested_output(output) for output in requested] if len(requested) else None
     return InferRequest(model, version, request.id, inputs, outputs, parameters)
 
 
@@ -301,6 +308,8 @@ def _wide(field: str) -> str:
 
 
 def _requested_output(output: Any) -> RequestedOutput:
+    if not len(output.parameters):
+        return RequestedOutput(output.name, 0, {})
     # Triton's order: shared-memory parameters, classification, then the two together.
     shared_memory = _shared_memory_parameters(output)
     classification = 0
@@ -329,11 +338,13 @@ def encode_infer_response(response: InferResponse, message: Any) -> None:
     message.model_version = response.model_version
     if response.id:
         message.id = response.id
-    for key, value in response.parameters.items():
-        set_parameter(message.parameters, key, value)
+    if response.parameters:
+        for key, value in response.parameters.items():
+            set_parameter(message.parameters, key, value)
     raw = message.raw_output_contents
+    add_output = message.outputs.add
     for output in response.outputs:
-        message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        add_output(name=output.name, datatype=output.datatype, shape=output.shape)
         if output.in_shared_memory:
             # The bytes are in the client's region already; the reply only names the output.
             raw.append(b"")
