@@ -153,3 +153,31 @@ def test_bytes_tensors_travel_in_their_binary_form() -> None:
     np.testing.assert_array_equal(ipc.read_tensor(consumer, desc, copy=False), elements)
     producer.close()
     consumer.close()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["msgspec", "json module"])
+def test_stub_messages_read_the_same_with_or_without_msgspec(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's own interpreter may lack msgspec: the stub then speaks the same JSON through the json module."""
+    if not fast:
+        monkeypatch.setattr(ipc, "_fast_encode", None)
+        monkeypatch.setattr(ipc, "_fast_decode", None)
+    else:
+        assert ipc._fast_encode is not None and ipc._fast_decode is not None
+    output = {"n": "OUT\u00e9", "d": "FP32", "s": [1, 16], "p": 0, "b": 64}
+    messages: list[dict[str, Any]] = [
+        {"t": "execute_done", "batch": 7, "responses": [{"outputs": [output]}, {}], "again": [1], "blk": [0, 64]},
+        {"t": "execute_done", "batch": 8, "responses": [{"outputs": [], "parameters": {"p": 1.5, "q": "x"}}]},
+        {"t": "execute_done", "batch": 9, "error": {"msg": 'a "quoted"\nline', "code": "INTERNAL"}},
+        {"t": "log", "level": 1, "msg": "\u2603 snow"},
+    ]
+    for message in messages:
+        data = ipc.encode(message)
+        assert json.loads(data) == message
+        assert ipc.decode(data) == message
+        assert ipc.decode(memoryview(data)) == message
+    # The json module refuses what is not finite; so does the stub's encoder on either path.
+    with pytest.raises(ValueError):
+        ipc.encode({"t": "execute_done", "batch": 1, "responses": [{"outputs": [], "parameters": {"p": float("nan")}}]})
+    for malformed in (b"[1, 2]", b'{"t": "log"} trailing', b"{not json", b"\xff"):
+        with pytest.raises(ValueError):
+            ipc.decode(malformed)

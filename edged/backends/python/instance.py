@@ -176,7 +176,7 @@ class PythonInstance:
         if self._loop is not None or self._stub is None or self._state.host is None:
             return
         self._loop = self._state.host.loop
-        self._stub.attach(self._loop, self._on_message, self._on_gone)
+        self._stub.attach(self._loop, self._on_message, self._on_gone, self._expecting)
 
     def is_ready(self) -> bool:
         if not self._healthy:
@@ -283,6 +283,10 @@ class PythonInstance:
         return any(rid in batch.rids for batch in self._batches.values())
 
     # --- messages from the stub ---------------------------------------------------------------------------------
+
+    def _expecting(self) -> bool:
+        """Whether answers are due: to batches, or to decoupled requests, in flight."""
+        return bool(self._batches or self._streams)
 
     def _on_message(self, message: dict[str, Any], payload: memoryview | None) -> None:
         """A message from the stub; ``payload`` (its tensors, when they came inside it) is valid only during the
@@ -461,7 +465,7 @@ class PythonInstance:
             stub.kill()
             await loop.run_in_executor(None, stub.close, 1.0)
             return
-        self._stub.attach(loop, self._on_message, self._on_gone)
+        self._stub.attach(loop, self._on_message, self._on_gone, self._expecting)
         log.info("model instance '%s' is serving again", self._name)
 
     def _start_again(self) -> None:

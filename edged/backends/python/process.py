@@ -70,6 +70,7 @@ class StubProcess:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_message: Callable[[dict[str, Any], memoryview | None], None] | None = None
         self._on_gone: Callable[[], None] | None = None
+        self._expecting: Callable[[], bool] | None = None
         self._queued: deque[tuple[_Packet, list[int] | None]] = deque()
         self._gone = False
         self.kill_reason = ""
@@ -175,11 +176,16 @@ class StubProcess:
         loop: asyncio.AbstractEventLoop,
         on_message: Callable[[dict[str, Any], memoryview | None], None],
         on_gone: Callable[[], None],
+        expecting: Callable[[], bool] | None = None,
     ) -> None:
-        """From now on the loop reads the socket (call on the loop's thread)."""
+        """From now on the loop reads the socket (call on the loop's thread). ``expecting``: whether the owner
+        still waits for answers; once it does not, a turn of the loop stops reading after a message instead of
+        trying the socket once more (a read that finds nothing costs a system call and an exception; whatever
+        the stub sends later wakes the loop again)."""
         self._loop = loop
         self._on_message = on_message
         self._on_gone = on_gone
+        self._expecting = expecting
         self._sock.setblocking(False)
         loop.add_reader(self._sock.fileno(), self._readable)
 
@@ -262,7 +268,7 @@ class StubProcess:
             except Exception as exc:
                 self._broken(exc)
                 return
-            if self._gone or self._loop is None:
+            if self._gone or self._loop is None or (self._expecting is not None and not self._expecting()):
                 return
 
     def _broken(self, exc: Exception) -> None:
