@@ -4,8 +4,7 @@ Core only, no ORM: the store reads rows into its own frozen dataclasses, and imp
 configuring its mappers) would cost every start several megabytes of memory for nothing it uses.
 
 A change here needs a new revision in ``migrations/versions/``; ``tests/unit/test_state_store.py`` fails when the
-tables and the migrations disagree. The columns are declared as the ORM models of earlier versions declared them
-(a column is NOT NULL unless said otherwise), so that a new database is created with the very same DDL.
+tables and the migrations disagree. Every column is NOT NULL unless declared ``nullable=True``.
 
 Timestamps are stored as naive UTC (SQLite has no time zone type) and come back tz-aware in UTC.
 """

@@ -490,8 +490,8 @@ def _check_and_migrate(engine: Engine, db: Path) -> None:
             raise StateError(f"state database {db} is corrupt ({found}); {_MOVE_ASIDE}")
         tables = set(inspect(connection).get_table_names())
         if not tables:
-            # A new database: the schema as the models declare it, stamped at head, as Alembic's "create_all, then
-            # stamp" recipe does (a test holds the result equal to running every migration).
+            # A new database: the schema as edged.state.schema declares it, stamped at head, as Alembic's
+            # "create_all, then stamp" recipe does (a test holds the result equal to running every migration).
             metadata.create_all(connection)
             connection.exec_driver_sql(_VERSION_TABLE)
             connection.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES (?)", (HEAD_REVISION,))
