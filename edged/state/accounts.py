@@ -47,7 +47,7 @@ class SessionRecord:
 _USERS: Final = schema.users
 _SESSIONS: Final = schema.login_sessions
 _FAILURES: Final = schema.login_failures
-# A user's columns and a session's, in the order of UserRecord's fields and SessionRecord's.
+# A user's columns and a session's, named as UserRecord's fields and in the order of SessionRecord's.
 _USER: Final = (
     _USERS.c.name,
     _USERS.c.role,
@@ -99,7 +99,7 @@ class AccountRecords(Records):
     def users(self) -> list[UserRecord]:
         """Every user, disabled ones too, oldest first."""
         with self._transaction(write=False) as connection:
-            return [UserRecord(*row) for row in connection.execute(select(*_USER).order_by(_USERS.c.id))]
+            return [UserRecord(**row) for row in connection.execute(select(*_USER).order_by(_USERS.c.id)).mappings()]
 
     def count_users(self) -> int:
         with self._transaction(write=False) as connection:
@@ -107,8 +107,8 @@ class AccountRecords(Records):
 
     def find_user(self, name: str) -> UserRecord | None:
         with self._transaction(write=False) as connection:
-            row = connection.execute(select(*_USER).where(_USERS.c.name == name)).first()
-            return None if row is None else UserRecord(*row)
+            row = connection.execute(select(*_USER).where(_USERS.c.name == name)).mappings().first()
+            return None if row is None else UserRecord(**row)
 
     def set_password(self, name: str, password_hash: str, at: datetime) -> int | None:
         """Replaces ``name``'s password hash and revokes every open session of the user, in one transaction;

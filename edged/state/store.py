@@ -122,7 +122,7 @@ class SeenVersion:
     last_seen: datetime  # tz-aware, UTC
 
 
-# A token's columns, in the order of TokenRecord's fields.
+# A token's columns, named as TokenRecord's fields.
 _TOKENS: Final = select(
     api_tokens.c.token_id,
     api_tokens.c.name,
@@ -255,8 +255,8 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
                 .join(models, models.c.id == versions.model_id)
                 .where(models.c.name == name)
                 .order_by(versions.version)
-            )
-            return [SeenVersion(*row) for row in rows]
+            ).mappings()
+            return [SeenVersion(**row) for row in rows]
 
     # --- history ---------------------------------------------------------------------------------------------
 
@@ -405,12 +405,12 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
     def tokens(self) -> list[TokenRecord]:
         """Every token, revoked and expired ones too, oldest first."""
         with self._transaction(write=False) as connection:
-            return [TokenRecord(*row) for row in connection.execute(_TOKENS.order_by(api_tokens.c.id))]
+            return [TokenRecord(**row) for row in connection.execute(_TOKENS.order_by(api_tokens.c.id)).mappings()]
 
     def find_token(self, token_id: str) -> TokenRecord | None:
         with self._transaction(write=False) as connection:
-            row = connection.execute(_TOKENS.where(api_tokens.c.token_id == token_id)).first()
-            return None if row is None else TokenRecord(*row)
+            row = connection.execute(_TOKENS.where(api_tokens.c.token_id == token_id)).mappings().first()
+            return None if row is None else TokenRecord(**row)
 
     def revoke_token(self, name: str) -> bool:
         """Revokes the token called ``name``; False when there is none (or it was revoked already)."""

@@ -37,7 +37,7 @@ class SyncRunRecord:
 # The tables by other names: a method is called sync_runs() too.
 _RUNS: Final = schema.sync_runs
 _VERDICTS: Final = schema.sync_verdicts
-# A run's columns, in the order of SyncRunRecord's fields.
+# A run's columns, named as SyncRunRecord's fields.
 _RUN: Final = (
     _RUNS.c.source,
     _RUNS.c.outcome,
@@ -96,8 +96,8 @@ class SyncRecords(Records):
             if source is not None:
                 page, count = page.where(_RUNS.c.source == source), count.where(_RUNS.c.source == source)
             total = connection.scalar(count) or 0
-            rows = connection.execute(page.order_by(_RUNS.c.id.desc()).offset(offset).limit(limit))
-            return [SyncRunRecord(*row) for row in rows], total
+            rows = connection.execute(page.order_by(_RUNS.c.id.desc()).offset(offset).limit(limit)).mappings()
+            return [SyncRunRecord(**row) for row in rows], total
 
     def set_verdict(self, source: str, revision: str, verdict: str, reason: str) -> None:
         """Records what a probation decided of ``revision`` (good or bad), replacing an earlier verdict."""
