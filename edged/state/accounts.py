@@ -1,19 +1,19 @@
-"""The state database's side of console accounts: users, their login sessions and failed logins (table models
-in edged.state.schema; the policy is edged.core.accounts')."""
+"""The state database's side of console accounts: users, their login sessions and failed logins (tables in
+edged.state.schema; the policy is edged.core.accounts')."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select, update
 
-from edged.state.records import Records, StateError
-from edged.state.schema import LoginFailure, LoginSession, User
+from edged.state import schema
+from edged.state.records import Records, StateError, inserted_id
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from sqlalchemy import Connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,32 @@ class SessionRecord:
     revoked_at: datetime | None
 
 
+# The tables by other names: the records' methods users() and login_failures() have theirs.
+_USERS: Final = schema.users
+_SESSIONS: Final = schema.login_sessions
+_FAILURES: Final = schema.login_failures
+# A user's columns and a session's, named as UserRecord's fields and in the order of SessionRecord's.
+_USER: Final = (
+    _USERS.c.name,
+    _USERS.c.role,
+    _USERS.c.password_hash,
+    _USERS.c.created_at,
+    _USERS.c.password_changed_at,
+    _USERS.c.disabled_at,
+    _USERS.c.id,
+)
+_SESSION: Final = (
+    _SESSIONS.c.id,
+    _USERS.c.name,
+    _SESSIONS.c.csrf_key,
+    _SESSIONS.c.peer,
+    _SESSIONS.c.created_at,
+    _SESSIONS.c.last_seen_at,
+    _SESSIONS.c.expires_at,
+    _SESSIONS.c.revoked_at,
+)
+
+
 class AccountRecords(Records):
     """Users, sessions and failed logins; mixed into edged.state.store.StateStore."""
 
@@ -51,20 +77,20 @@ class AccountRecords(Records):
         when there is no user yet, else None; checked inside the write transaction, so of two first-run setups
         (two browsers, or a browser and ``edged admin create``) exactly one makes the first user."""
         try:
-            with self._session(write=True) as session:
-                if only_if_none and session.scalar(select(func.count()).select_from(User)):
+            with self._transaction(write=True) as connection:
+                if only_if_none and connection.scalar(select(func.count()).select_from(_USERS)):
                     return None
-                row = User(
-                    name=user.name,
-                    role=user.role,
-                    password_hash=user.password_hash,
-                    created_at=user.created_at,
-                    password_changed_at=user.password_changed_at,
-                    disabled_at=user.disabled_at,
+                added = connection.execute(
+                    insert(_USERS).values(
+                        name=user.name,
+                        role=user.role,
+                        password_hash=user.password_hash,
+                        created_at=user.created_at,
+                        password_changed_at=user.password_changed_at,
+                        disabled_at=user.disabled_at,
+                    )
                 )
-                session.add(row)
-                session.flush()
-                return _user(row)
+                return replace(user, id=inserted_id(added))
         except StateError as error:
             if "UNIQUE constraint failed" in str(error):
                 raise StateError(f"a user named '{user.name}' exists already") from None
@@ -72,58 +98,62 @@ class AccountRecords(Records):
 
     def users(self) -> list[UserRecord]:
         """Every user, disabled ones too, oldest first."""
-        with self._session(write=False) as session:
-            return [_user(row) for row in session.scalars(select(User).order_by(User.id))]
+        with self._transaction(write=False) as connection:
+            return [UserRecord(**row) for row in connection.execute(select(*_USER).order_by(_USERS.c.id)).mappings()]
 
     def count_users(self) -> int:
-        with self._session(write=False) as session:
-            return session.scalar(select(func.count()).select_from(User)) or 0
+        with self._transaction(write=False) as connection:
+            return connection.scalar(select(func.count()).select_from(_USERS)) or 0
 
     def find_user(self, name: str) -> UserRecord | None:
-        with self._session(write=False) as session:
-            row = session.scalar(select(User).where(User.name == name))
-            return None if row is None else _user(row)
+        with self._transaction(write=False) as connection:
+            row = connection.execute(select(*_USER).where(_USERS.c.name == name)).mappings().first()
+            return None if row is None else UserRecord(**row)
 
     def set_password(self, name: str, password_hash: str, at: datetime) -> int | None:
         """Replaces ``name``'s password hash and revokes every open session of the user, in one transaction;
         returns how many sessions were revoked, or None when there is no such user."""
-        with self._session(write=True) as session:
-            row = session.scalar(select(User).where(User.name == name))
-            if row is None:
+        with self._transaction(write=True) as connection:
+            user_id = connection.scalar(select(_USERS.c.id).where(_USERS.c.name == name))
+            if user_id is None:
                 return None
-            row.password_hash, row.password_changed_at = password_hash, at
-            return _revoke_sessions(session, row.id, at)
+            connection.execute(
+                update(_USERS).where(_USERS.c.id == user_id).values(password_hash=password_hash, password_changed_at=at)
+            )
+            return _revoke_sessions(connection, user_id, at)
 
     def rehash_password(self, name: str, old_hash: str, new_hash: str) -> bool:
         """Replaces a hash made with older parameters by ``new_hash`` of the same password; nothing else changes.
         False when the hash is no longer ``old_hash`` (the password was changed meanwhile)."""
-        with self._session(write=True) as session:
-            row = session.scalar(select(User).where(User.name == name, User.password_hash == old_hash))
-            if row is None:
-                return False
-            row.password_hash = new_hash
-            return True
+        with self._transaction(write=True) as connection:
+            changed = connection.execute(
+                update(_USERS)
+                .where(_USERS.c.name == name, _USERS.c.password_hash == old_hash)
+                .values(password_hash=new_hash)
+            )
+            return changed.rowcount > 0
 
     def disable_user(self, name: str, at: datetime) -> int | None:
         """Disables ``name`` and revokes its open sessions; how many were revoked, None when there is no such user
         (a user disabled already stays disabled since the first time)."""
-        with self._session(write=True) as session:
-            row = session.scalar(select(User).where(User.name == name))
-            if row is None:
+        with self._transaction(write=True) as connection:
+            user_id = connection.scalar(select(_USERS.c.id).where(_USERS.c.name == name))
+            if user_id is None:
                 return None
-            if row.disabled_at is None:
-                row.disabled_at = at
-            return _revoke_sessions(session, row.id, at)
+            connection.execute(
+                update(_USERS).where(_USERS.c.id == user_id, _USERS.c.disabled_at.is_(None)).values(disabled_at=at)
+            )
+            return _revoke_sessions(connection, user_id, at)
 
     def add_session(self, record: SessionRecord) -> None:
         """Stores a new session of ``record.user``, and drops every session past its absolute expiry."""
-        with self._session(write=True) as session:
-            user_id = session.scalar(select(User.id).where(User.name == record.user))
+        with self._transaction(write=True) as connection:
+            user_id = connection.scalar(select(_USERS.c.id).where(_USERS.c.name == record.user))
             if user_id is None:
                 raise StateError(f"no user named '{record.user}'")
-            session.execute(delete(LoginSession).where(LoginSession.expires_at <= record.created_at))
-            session.add(
-                LoginSession(
+            connection.execute(delete(_SESSIONS).where(_SESSIONS.c.expires_at <= record.created_at))
+            connection.execute(
+                insert(_SESSIONS).values(
                     id=record.id,
                     user_id=user_id,
                     csrf_key=record.csrf_key,
@@ -137,72 +167,62 @@ class AccountRecords(Records):
 
     def find_session(self, session_id: str) -> tuple[SessionRecord, UserRecord] | None:
         """A session by its id (the SHA-256 of its secret), with its user; expired and revoked ones too."""
-        with self._session(write=False) as session:
-            found = session.execute(
-                select(LoginSession, User)
-                .join(User, User.id == LoginSession.user_id)
-                .where(LoginSession.id == session_id)
+        with self._transaction(write=False) as connection:
+            found = connection.execute(
+                select(*_SESSION, *_USER)
+                .join_from(_SESSIONS, _USERS, _USERS.c.id == _SESSIONS.c.user_id)
+                .where(_SESSIONS.c.id == session_id)
             ).first()
             if found is None:
                 return None
-            row, user = found
-            return _login_session(row, user.name), _user(user)
+            # Positions, not names: both tables have an id, a created_at ...
+            return SessionRecord(*found[: len(_SESSION)]), UserRecord(*found[len(_SESSION) :])
 
     def touch_session(self, session_id: str, at: datetime) -> None:
-        """Moves a session's last use to ``at``."""
-        with self._session(write=True) as session:
-            row = session.get(LoginSession, session_id)
-            if row is not None:
-                row.last_seen_at = max(row.last_seen_at, at)
+        """Moves a session's last use to ``at``; never back."""
+        with self._transaction(write=True) as connection:
+            connection.execute(
+                update(_SESSIONS)
+                .where(_SESSIONS.c.id == session_id, _SESSIONS.c.last_seen_at < at)
+                .values(last_seen_at=at)
+            )
 
     def revoke_session(self, session_id: str, at: datetime) -> bool:
         """Revokes one session; False when it is unknown or was revoked already."""
-        with self._session(write=True) as session:
-            row = session.get(LoginSession, session_id)
-            if row is None or row.revoked_at is not None:
-                return False
-            row.revoked_at = at
-            return True
+        with self._transaction(write=True) as connection:
+            revoked = connection.execute(
+                update(_SESSIONS)
+                .where(_SESSIONS.c.id == session_id, _SESSIONS.c.revoked_at.is_(None))
+                .values(revoked_at=at)
+            )
+            return revoked.rowcount > 0
 
     def add_login_failure(self, keys: list[str], at: datetime, keep_since: datetime) -> None:
         """Records a failed login under each key, dropping the keys' failures older than ``keep_since``."""
-        with self._session(write=True) as session:
-            session.execute(delete(LoginFailure).where(LoginFailure.key.in_(keys), LoginFailure.at < keep_since))
-            session.add_all(LoginFailure(key=key, at=at) for key in keys)
+        with self._transaction(write=True) as connection:
+            connection.execute(delete(_FAILURES).where(_FAILURES.c.key.in_(keys), _FAILURES.c.at < keep_since))
+            if keys:  # an executemany of no rows is an error
+                connection.execute(insert(_FAILURES), [{"key": key, "at": at} for key in keys])
 
     def login_failures(self, key: str, since: datetime) -> list[datetime]:
         """The times of ``key``'s failed logins since ``since``, oldest first."""
-        with self._session(write=False) as session:
+        with self._transaction(write=False) as connection:
             return list(
-                session.scalars(
-                    select(LoginFailure.at)
-                    .where(LoginFailure.key == key, LoginFailure.at >= since)
-                    .order_by(LoginFailure.at)
+                connection.scalars(
+                    select(_FAILURES.c.at)
+                    .where(_FAILURES.c.key == key, _FAILURES.c.at >= since)
+                    .order_by(_FAILURES.c.at)
                 )
             )
 
     def clear_login_failures(self, key: str) -> None:
-        with self._session(write=True) as session:
-            session.execute(delete(LoginFailure).where(LoginFailure.key == key))
+        with self._transaction(write=True) as connection:
+            connection.execute(delete(_FAILURES).where(_FAILURES.c.key == key))
 
 
-def _user(row: User) -> UserRecord:
-    return UserRecord(
-        row.name, row.role, row.password_hash, row.created_at, row.password_changed_at, row.disabled_at, row.id
-    )
-
-
-def _login_session(row: LoginSession, user: str) -> SessionRecord:
-    return SessionRecord(
-        row.id, user, row.csrf_key, row.peer, row.created_at, row.last_seen_at, row.expires_at, row.revoked_at
-    )
-
-
-def _revoke_sessions(session: Session, user_id: int, at: datetime) -> int:
+def _revoke_sessions(connection: Connection, user_id: int, at: datetime) -> int:
     """Revokes every open session of one user inside the caller's transaction; how many."""
-    rows = session.scalars(
-        select(LoginSession).where(LoginSession.user_id == user_id, LoginSession.revoked_at.is_(None))
-    ).all()
-    for row in rows:
-        row.revoked_at = at
-    return len(rows)
+    revoked = connection.execute(
+        update(_SESSIONS).where(_SESSIONS.c.user_id == user_id, _SESSIONS.c.revoked_at.is_(None)).values(revoked_at=at)
+    )
+    return revoked.rowcount

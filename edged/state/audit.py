@@ -10,7 +10,7 @@ their writing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -21,6 +21,7 @@ from sqlalchemy import (
     cast,
     delete,
     func,
+    insert,
     literal,
     literal_column,
     null,
@@ -29,8 +30,8 @@ from sqlalchemy import (
     union_all,
 )
 
-from edged.state.records import Records
-from edged.state.schema import AuditEvent, Model, Transition
+from edged.state.records import Records, inserted_id
+from edged.state.schema import audit_events, models, transitions
 
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement, RowMapping, Select
@@ -107,28 +108,27 @@ class AuditRecords(Records):
         """Stores an account action; returns it with its id. Keeps the newest ``audit_kept``."""
         if record.at.tzinfo is None:
             raise ValueError(f"the time of audit event '{record.action}' must be tz-aware")
-        with self._session(write=True) as session:
-            row = AuditEvent(
-                at=record.at,
-                actor=record.actor,
-                action=record.action,
-                target=record.target,
-                outcome=record.outcome,
-                detail=record.detail,
-                peer=record.peer,
-                source=record.source,
+        with self._transaction(write=True) as connection:
+            added = connection.execute(
+                insert(audit_events).values(
+                    at=record.at,
+                    actor=record.actor,
+                    action=record.action,
+                    target=record.target,
+                    outcome=record.outcome,
+                    detail=record.detail,
+                    peer=record.peer,
+                    source=record.source,
+                )
             )
-            session.add(row)
-            session.flush()  # assigns row.id
-            if row.id % _PRUNE_EVERY == 0:
-                oldest_kept = session.scalar(
-                    select(AuditEvent.id).order_by(AuditEvent.id.desc()).offset(self.audit_kept - 1).limit(1)
+            event_id = inserted_id(added)
+            if event_id % _PRUNE_EVERY == 0:
+                oldest_kept = connection.scalar(
+                    select(audit_events.c.id).order_by(audit_events.c.id.desc()).offset(self.audit_kept - 1).limit(1)
                 )
                 if oldest_kept is not None:
-                    session.execute(delete(AuditEvent).where(AuditEvent.id < oldest_kept))
-            return AuditRecord(
-                row.at, row.actor, row.action, row.target, record.outcome, row.detail, row.peer, row.source, row.id
-            )
+                    connection.execute(delete(audit_events).where(audit_events.c.id < oldest_kept))
+            return replace(record, id=event_id)
 
     def events(
         self,
@@ -155,52 +155,52 @@ class AuditRecords(Records):
         in_transitions: list[ColumnElement[bool]] = []
         in_audits: list[ColumnElement[bool]] = []
         if model is not None:
-            model_id = select(Model.id).where(Model.name == model).scalar_subquery()
-            in_transitions.append(Transition.model_id == model_id)
-            in_audits.append(AuditEvent.target == model)
+            model_id = select(models.c.id).where(models.c.name == model).scalar_subquery()
+            in_transitions.append(transitions.c.model_id == model_id)
+            in_audits.append(audit_events.c.target == model)
         if actors is not None:
-            in_transitions.append(Transition.actor.in_(actors))
-            in_audits.append(AuditEvent.actor.in_(actors))
+            in_transitions.append(transitions.c.actor.in_(actors))
+            in_audits.append(audit_events.c.actor.in_(actors))
         if source is not None:
-            in_transitions.append(Transition.source == source)
-            in_audits.append(AuditEvent.source == source)
+            in_transitions.append(transitions.c.source == source)
+            in_audits.append(audit_events.c.source == source)
         # Each column has one type (SQLite's affinity) in both arms, NULLs cast to it: only then does SQLite
         # merge the two arms in the order of their indexes instead of sorting the whole history for each page.
-        transitions = (
+        of_transitions = (
             select(
                 literal_column(str(_TRANSITION), Integer).label("rank"),
-                Transition.id.label("id"),
-                Transition.at.label("at"),
-                Transition.source.label("source"),
-                Transition.actor.label("actor"),
-                Transition.state.label("action"),
-                Model.name.label("target"),
-                Transition.version.label("version"),
-                Transition.previous.label("previous"),
+                transitions.c.id.label("id"),
+                transitions.c.at.label("at"),
+                transitions.c.source.label("source"),
+                transitions.c.actor.label("actor"),
+                transitions.c.state.label("action"),
+                models.c.name.label("target"),
+                transitions.c.version.label("version"),
+                transitions.c.previous.label("previous"),
                 cast(null(), String).label("outcome"),
-                Transition.reason.label("detail"),
+                transitions.c.reason.label("detail"),
                 cast(null(), String).label("peer"),
-                Transition.duration_s.label("duration_s"),
+                transitions.c.duration_s.label("duration_s"),
             )
-            .join(Model, Model.id == Transition.model_id)
+            .join(models, models.c.id == transitions.c.model_id)
             .where(*in_transitions)
         )
-        audits = select(
+        of_audits = select(
             literal_column(str(_AUDIT), Integer),
-            AuditEvent.id,
-            AuditEvent.at,
-            AuditEvent.source,
-            AuditEvent.actor,
-            AuditEvent.action,
-            AuditEvent.target,
+            audit_events.c.id,
+            audit_events.c.at,
+            audit_events.c.source,
+            audit_events.c.actor,
+            audit_events.c.action,
+            audit_events.c.target,
             cast(null(), Integer),
             cast(null(), String),
-            AuditEvent.outcome,
-            AuditEvent.detail,
-            AuditEvent.peer,
+            audit_events.c.outcome,
+            audit_events.c.detail,
+            audit_events.c.peer,
             cast(null(), Float),
         ).where(*in_audits)
-        history = union_all(transitions, audits).subquery("history")
+        history = union_all(of_transitions, of_audits).subquery("history")
         page: Select[tuple[object, ...]] = select(history)
         if after is not None:
             page = page.where(
@@ -210,18 +210,18 @@ class AuditRecords(Records):
         page = (
             page.order_by(history.c.at.desc(), history.c.rank.desc(), history.c.id.desc()).offset(offset).limit(limit)
         )
-        with self._session(write=False) as session:
+        with self._transaction(write=False) as connection:
             # Counted apart, without the join to the models: a count of each table's rows, not of the union's.
-            total = (session.scalar(select(func.count()).select_from(Transition).where(*in_transitions)) or 0) + (
-                session.scalar(select(func.count()).select_from(AuditEvent).where(*in_audits)) or 0
+            total = (connection.scalar(select(func.count()).select_from(transitions).where(*in_transitions)) or 0) + (
+                connection.scalar(select(func.count()).select_from(audit_events).where(*in_audits)) or 0
             )
-            rows = session.execute(page)
+            rows = connection.execute(page)
             return [_history_event(row._mapping) for row in rows], total
 
     def audit_count(self) -> int:
         """How many account actions are kept."""
-        with self._session(write=False) as session:
-            return session.scalar(select(func.count()).select_from(AuditEvent)) or 0
+        with self._transaction(write=False) as connection:
+            return connection.scalar(select(func.count()).select_from(audit_events)) or 0
 
 
 def _history_event(row: RowMapping) -> Event:

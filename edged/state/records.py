@@ -1,13 +1,13 @@
 """The base of the state store's records by topic (edged.state.accounts, edged.state.sync_runs): the one thing they
-need of the store, a session. The store is the only place that opens one, so SQL stays in edged.state."""
+need of the store, a transaction. The store is the only place that opens one, so SQL stays in edged.state."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from sqlalchemy import Connection, CursorResult
 
 
 class StateError(Exception):
@@ -15,10 +15,19 @@ class StateError(Exception):
 
 
 class Records:
-    """Mixed into edged.state.store.StateStore, which provides ``_session`` and ``_history_per_model``."""
+    """Mixed into edged.state.store.StateStore, which provides ``_transaction`` and ``_history_per_model``."""
 
     _history_per_model: int
 
-    def _session(self, *, write: bool) -> AbstractContextManager[Session]:
-        """A session; ``write``: in a write transaction, committed at the end."""
+    def _transaction(self, *, write: bool) -> AbstractContextManager[Connection]:
+        """A connection inside one transaction, committed at the end; ``write``: a write transaction."""
         raise NotImplementedError
+
+
+def inserted_id(result: CursorResult[Any]) -> int:
+    """The integer primary key SQLite gave the row that an INSERT of one row just wrote."""
+    key = result.inserted_primary_key
+    row_id = None if key is None else key[0]
+    if not isinstance(row_id, int):
+        raise StateError(f"the database assigned no id to the new row (got {row_id!r})")
+    return row_id

@@ -1,7 +1,10 @@
-"""The state database's tables as SQLAlchemy 2 typed ORM models.
+"""The state database's tables, as SQLAlchemy Core ``Table`` objects on one ``MetaData``.
+
+Core only, no ORM: the store reads rows into its own frozen dataclasses, and importing ``sqlalchemy.orm`` (and
+configuring its mappers) would cost every start several megabytes of memory for nothing it uses.
 
 A change here needs a new revision in ``migrations/versions/``; ``tests/unit/test_state_store.py`` fails when the
-models and the migrations disagree.
+tables and the migrations disagree. Every column is NOT NULL unless declared ``nullable=True``.
 
 Timestamps are stored as naive UTC (SQLite has no time zone type) and come back tz-aware in UTC.
 """
@@ -9,10 +12,23 @@ Timestamps are stored as naive UTC (SQLite has no time zone type) and come back 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import CheckConstraint, DateTime, ForeignKey, Index, MetaData, String, Text, TypeDecorator
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Dialect
@@ -44,209 +60,193 @@ class UTCDateTime(TypeDecorator[datetime]):
         return None if value is None else value.replace(tzinfo=UTC)
 
 
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+def _required(name: str, kind: Any, *args: Any, **kwargs: Any) -> Column[Any]:
+    """A NOT NULL column (nullable columns are declared with ``nullable=True`` explicitly)."""
+    return Column(name, kind, *args, nullable=False, **kwargs)
 
 
-class Model(Base):
-    """One row per model name ever seen, loaded or asked for; never deleted, so its history stays."""
+metadata: Final = MetaData(naming_convention=NAMING_CONVENTION)
 
-    __tablename__ = "models"
+# One row per model name ever seen, loaded or asked for; never deleted, so its history stays.
+models: Final = Table(
+    "models",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("name", String, unique=True),
+)
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String, unique=True)
+# A version found in the repository: where, what its files hash to, how big, when first and last seen.
+model_versions: Final = Table(
+    "model_versions",
+    metadata,
+    Column("model_id", Integer, ForeignKey("models.id", ondelete="CASCADE"), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    _required("path", Text),
+    _required("checksum", String),
+    _required("size", Integer),
+    _required("first_seen", UTCDateTime),
+    _required("last_seen", UTCDateTime),
+    CheckConstraint("size >= 0", name="size_not_negative"),
+)
 
-
-class ModelVersion(Base):
-    """A version found in the repository: where, what its files hash to, how big, when first and last seen."""
-
-    __tablename__ = "model_versions"
-    __table_args__ = (CheckConstraint("size >= 0", name="size_not_negative"),)
-
-    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    version: Mapped[int] = mapped_column(primary_key=True)
-    path: Mapped[str] = mapped_column(Text)
-    checksum: Mapped[str] = mapped_column(String)
-    size: Mapped[int]
-    first_seen: Mapped[datetime] = mapped_column(UTCDateTime)
-    last_seen: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-class Transition(Base):
-    """One state change of a model (``version`` NULL) or of one of its versions.
-
-    ``previous`` is copied from the latest row for the same model and version when the row is written, so that
-    reading history never has to look back. ``id`` orders the rows: the clock may step back, the ids do not.
-    """
-
-    __tablename__ = "transitions"
-    __table_args__ = (
-        CheckConstraint("duration_s IS NULL OR duration_s >= 0", name="duration_not_negative"),
-        # history(name): newest first within one model.
-        Index("ix_transitions_model_id_id", "model_id", "id"),
-        # transition(): the latest state of one model and version.
-        Index("ix_transitions_model_id_version_id", "model_id", "version", "id"),
-        # The history (edged.state.audit): every model's events newest first, merged with the audit events'.
-        Index("ix_transitions_at", "at"),
-        # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
-        {"sqlite_autoincrement": True},
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
-    version: Mapped[int | None]
-    state: Mapped[str] = mapped_column(String)
-    previous: Mapped[str | None] = mapped_column(String)
-    source: Mapped[str] = mapped_column(String)
-    reason: Mapped[str] = mapped_column(Text)
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
-    duration_s: Mapped[float | None]
+# One state change of a model (``version`` NULL) or of one of its versions. ``previous`` is copied from the latest
+# row for the same model and version when the row is written, so that reading history never has to look back.
+# ``id`` orders the rows: the clock may step back, the ids do not.
+transitions: Final = Table(
+    "transitions",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("model_id", Integer, ForeignKey("models.id", ondelete="CASCADE")),
+    Column("version", Integer, nullable=True),
+    _required("state", String),
+    Column("previous", String, nullable=True),
+    _required("source", String),
+    _required("reason", Text),
+    _required("at", UTCDateTime),
+    Column("duration_s", Double, nullable=True),
     # Who asked, for the changes a request caused: "token:<name>", "loopback", "restricted-header", "anonymous";
     # NULL for the daemon's own (start-up, poll, reload).
-    actor: Mapped[str | None] = mapped_column(String)
+    Column("actor", String, nullable=True),
+    CheckConstraint("duration_s IS NULL OR duration_s >= 0", name="duration_not_negative"),
+    # history(name): newest first within one model.
+    Index("ix_transitions_model_id_id", "model_id", "id"),
+    # transition(): the latest state of one model and version.
+    Index("ix_transitions_model_id_version_id", "model_id", "version", "id"),
+    # The history (edged.state.audit): every model's events newest first, merged with the audit events'.
+    Index("ix_transitions_at", "at"),
+    # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
+    sqlite_autoincrement=True,
+)
 
+# An API token: its public id (the part of the token a lookup uses), a unique name, a role, and the SHA-256 of its
+# secret; the secret itself is shown once, when it is made, and never stored.
+api_tokens: Final = Table(
+    "api_tokens",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("token_id", String, unique=True),
+    _required("name", String, unique=True),
+    _required("role", String),
+    _required("secret_sha256", String),
+    _required("created_at", UTCDateTime),
+    Column("expires_at", UTCDateTime, nullable=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
+)
 
-class ApiToken(Base):
-    """An API token: its public id (the part of the token a lookup uses), a unique name, a role, and the SHA-256
-    of its secret; the secret itself is shown once, when it is made, and never stored."""
+# A model explicit mode should have loaded. ``by_policy``: the versions its version policy picks.
+desired_models: Final = Table(
+    "desired_models",
+    metadata,
+    Column("model_id", Integer, ForeignKey("models.id", ondelete="CASCADE"), primary_key=True),
+    _required("by_policy", Boolean),
+    _required("set_at", UTCDateTime),
+)
 
-    __tablename__ = "api_tokens"
+# One version of a desired model that was asked for by number (only when ``by_policy`` is false).
+desired_versions: Final = Table(
+    "desired_versions",
+    metadata,
+    Column("model_id", Integer, ForeignKey("desired_models.model_id", ondelete="CASCADE"), primary_key=True),
+    Column("version", Integer, primary_key=True),
+)
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    token_id: Mapped[str] = mapped_column(String, unique=True)
-    name: Mapped[str] = mapped_column(String, unique=True)
-    role: Mapped[str] = mapped_column(String)
-    secret_sha256: Mapped[str] = mapped_column(String)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+# One run of a repository sync: what it found and did, or why it failed. ``outcome``: updated, unchanged, held-back
+# (the remote's revision failed its probation before), failed, rolled-back (a model failed its probation),
+# committed (the revision passed its probation).
+sync_runs: Final = Table(
+    "sync_runs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("source", String),
+    _required("outcome", String),
+    Column("revision", String, nullable=True),
+    Column("previous", String, nullable=True),
+    _required("files", Integer),
+    _required("bytes", Integer),
+    Column("problem", String, nullable=True),
+    _required("message", Text),
+    _required("at", UTCDateTime),
+    Column("duration_s", Double, nullable=True),
+    CheckConstraint("bytes >= 0", name="bytes_not_negative"),
+    Index("ix_sync_runs_source_id", "source", "id"),
+    sqlite_autoincrement=True,
+)
 
+# What a probation decided of a remote revision: good (the last known good one to fall back to) or bad (never
+# taken again; only a newer revision is).
+sync_verdicts: Final = Table(
+    "sync_verdicts",
+    metadata,
+    Column("source", String, primary_key=True),
+    Column("revision", String, primary_key=True),
+    _required("verdict", String),
+    _required("reason", Text),
+    _required("at", UTCDateTime),
+)
 
-class DesiredModel(Base):
-    """A model explicit mode should have loaded. ``by_policy``: the versions its version policy picks."""
+# A console user: a unique name, a role (viewer, operator, admin, as API tokens have), and the argon2id hash of the
+# password (the PHC string, parameters included, so a hash made with older parameters still verifies).
+# ``disabled_at``: the user may no longer log in; the row stays, so that the history's names keep meaning.
+users: Final = Table(
+    "users",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("name", String, unique=True),
+    _required("role", String),
+    _required("password_hash", String),
+    _required("created_at", UTCDateTime),
+    _required("password_changed_at", UTCDateTime),
+    Column("disabled_at", UTCDateTime, nullable=True),
+)
 
-    __tablename__ = "desired_models"
+# A console session. ``id`` is the SHA-256 of the session secret the browser holds in its cookie: the secret itself
+# is never stored. ``csrf_key`` keys the HMAC that makes the session's CSRF token. A session ends at ``expires_at``
+# (absolute), after an idle time past ``last_seen_at``, or when revoked (logout, a password change, the user
+# disabled).
+login_sessions: Final = Table(
+    "sessions",
+    metadata,
+    Column("id", String, primary_key=True),
+    _required("user_id", Integer, ForeignKey("users.id", ondelete="CASCADE")),
+    _required("csrf_key", String),
+    Column("peer", String, nullable=True),
+    _required("created_at", UTCDateTime),
+    _required("last_seen_at", UTCDateTime),
+    _required("expires_at", UTCDateTime),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    Index("ix_sessions_user_id", "user_id"),
+)
 
-    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
-    by_policy: Mapped[bool]
-    set_at: Mapped[datetime] = mapped_column(UTCDateTime)
+# One failed login, under each key it counts against: ``user:<name>`` and ``address:<client address>``. Kept only
+# for the throttling window; older rows of a key go when it fails again.
+login_failures: Final = Table(
+    "login_failures",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("key", String),
+    _required("at", UTCDateTime),
+    Index("ix_login_failures_key_at", "key", "at"),
+    sqlite_autoincrement=True,
+)
 
-
-class DesiredVersion(Base):
-    """One version of a desired model that was asked for by number (only when ``by_policy`` is false)."""
-
-    __tablename__ = "desired_versions"
-
-    model_id: Mapped[int] = mapped_column(ForeignKey("desired_models.model_id", ondelete="CASCADE"), primary_key=True)
-    version: Mapped[int] = mapped_column(primary_key=True)
-
-
-class SyncRun(Base):
-    """One run of a repository sync: what it found and did, or why it failed. ``outcome``: updated, unchanged,
-    held-back (the remote's revision failed its probation before), failed, rolled-back (a model failed its
-    probation), committed (the revision passed its probation)."""
-
-    __tablename__ = "sync_runs"
-    __table_args__ = (
-        CheckConstraint("bytes >= 0", name="bytes_not_negative"),
-        Index("ix_sync_runs_source_id", "source", "id"),
-        {"sqlite_autoincrement": True},
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    source: Mapped[str] = mapped_column(String)
-    outcome: Mapped[str] = mapped_column(String)
-    revision: Mapped[str | None] = mapped_column(String)
-    previous: Mapped[str | None] = mapped_column(String)
-    files: Mapped[int]
-    bytes: Mapped[int]
-    problem: Mapped[str | None] = mapped_column(String)
-    message: Mapped[str] = mapped_column(Text)
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
-    duration_s: Mapped[float | None]
-
-
-class SyncVerdict(Base):
-    """What a probation decided of a remote revision: good (the last known good one to fall back to) or bad
-    (never taken again; only a newer revision is)."""
-
-    __tablename__ = "sync_verdicts"
-
-    source: Mapped[str] = mapped_column(String, primary_key=True)
-    revision: Mapped[str] = mapped_column(String, primary_key=True)
-    verdict: Mapped[str] = mapped_column(String)
-    reason: Mapped[str] = mapped_column(Text)
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-class User(Base):
-    """A console user: a unique name, a role (viewer, operator, admin, as API tokens have), and the argon2id hash
-    of the password (the PHC string, parameters included, so a hash made with older parameters still verifies).
-    ``disabled_at``: the user may no longer log in; the row stays, so that the history's names keep meaning."""
-
-    __tablename__ = "users"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String, unique=True)
-    role: Mapped[str] = mapped_column(String)
-    password_hash: Mapped[str] = mapped_column(String)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    password_changed_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-
-class LoginSession(Base):
-    """A console session. ``id`` is the SHA-256 of the session secret the browser holds in its cookie: the secret
-    itself is never stored. ``csrf_key`` keys the HMAC that makes the session's CSRF token. A session ends at
-    ``expires_at`` (absolute), after an idle time past ``last_seen_at``, or when revoked (logout, a password change,
-    the user disabled)."""
-
-    __tablename__ = "sessions"
-    __table_args__ = (Index("ix_sessions_user_id", "user_id"),)
-
-    id: Mapped[str] = mapped_column(String, primary_key=True)
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
-    csrf_key: Mapped[str] = mapped_column(String)
-    peer: Mapped[str | None] = mapped_column(String)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-
-class LoginFailure(Base):
-    """One failed login, under each key it counts against: ``user:<name>`` and ``address:<client address>``.
-    Kept only for the throttling window; older rows of a key go when it fails again."""
-
-    __tablename__ = "login_failures"
-    __table_args__ = (Index("ix_login_failures_key_at", "key", "at"), {"sqlite_autoincrement": True})
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    key: Mapped[str] = mapped_column(String)
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-class AuditEvent(Base):
-    """One action a person or a script took through the console, the API or the command line (log in, make a
-    user, set a password, ...): ``actor`` did ``action`` to ``target`` from ``peer``, through ``source``, and it
-    ended ``outcome`` (done or refused; ``detail`` says why). Model state changes stay in ``transitions``; the
-    history reads both."""
-
-    __tablename__ = "audit_events"
-    __table_args__ = (
-        CheckConstraint("outcome IN ('done', 'refused')", name="outcome_known"),
-        # The history newest first: SQLite merges this index's order with ix_transitions_at's.
-        Index("ix_audit_events_at", "at"),
-        # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
-        {"sqlite_autoincrement": True},
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
-    actor: Mapped[str] = mapped_column(String)
-    action: Mapped[str] = mapped_column(String)
-    target: Mapped[str] = mapped_column(String)
-    outcome: Mapped[str] = mapped_column(String)
-    detail: Mapped[str] = mapped_column(Text)
-    peer: Mapped[str | None] = mapped_column(String)
-    source: Mapped[str] = mapped_column(String)
+# One action a person or a script took through the console, the API or the command line (log in, make a user, set a
+# password, ...): ``actor`` did ``action`` to ``target`` from ``peer``, through ``source``, and it ended ``outcome``
+# (done or refused; ``detail`` says why). Model state changes stay in ``transitions``; the history reads both.
+audit_events: Final = Table(
+    "audit_events",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("at", UTCDateTime),
+    _required("actor", String),
+    _required("action", String),
+    _required("target", String),
+    _required("outcome", String),
+    _required("detail", Text),
+    Column("peer", String, nullable=True),
+    _required("source", String),
+    CheckConstraint("outcome IN ('done', 'refused')", name="outcome_known"),
+    # The history newest first: SQLite merges this index's order with ix_transitions_at's.
+    Index("ix_audit_events_at", "at"),
+    # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
+    sqlite_autoincrement=True,
+)

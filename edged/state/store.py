@@ -23,23 +23,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
-from sqlalchemy import URL, Connection, Engine, create_engine, delete, event, func, inspect, select
+from sqlalchemy import URL, Connection, Engine, create_engine, delete, event, func, insert, inspect, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 import edged
 from edged.state.accounts import AccountRecords
 from edged.state.audit import AuditRecords
-from edged.state.records import StateError
+from edged.state.records import StateError, inserted_id
 from edged.state.schema import (
-    ApiToken,
-    Base,
-    DesiredModel,
-    DesiredVersion,
-    Model,
-    ModelVersion,
-    Transition,
+    api_tokens,
+    desired_models,
+    desired_versions,
+    metadata,
+    model_versions,
+    models,
+    transitions,
 )
 from edged.state.sync_runs import SyncRecords
 
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     import sqlite3
 
     from alembic.config import Config
+    from sqlalchemy import RowMapping
     from sqlalchemy.pool import ConnectionPoolEntry
 
 DB_NAME: Final = "edged.db"
@@ -120,6 +120,18 @@ class SeenVersion:
     size: int  # bytes
     first_seen: datetime  # tz-aware, UTC
     last_seen: datetime  # tz-aware, UTC
+
+
+# A token's columns, named as TokenRecord's fields.
+_TOKENS: Final = select(
+    api_tokens.c.token_id,
+    api_tokens.c.name,
+    api_tokens.c.role,
+    api_tokens.c.secret_sha256,
+    api_tokens.c.created_at,
+    api_tokens.c.expires_at,
+    api_tokens.c.revoked_at,
+)
 
 
 def alembic_config(db: Path) -> Config:
@@ -204,9 +216,9 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
         if size < 0:
             raise ValueError(f"size of version {version} of model '{name}' must not be negative, got {size}")
         now = _now()
-        with self._session(write=True) as session:
-            model_id = _model_id(session, name)
-            insert = sqlite_insert(ModelVersion).values(
+        with self._transaction(write=True) as connection:
+            model_id = _model_id(connection, name)
+            upsert = sqlite_insert(model_versions).values(
                 model_id=model_id,
                 version=version,
                 path=path,
@@ -215,31 +227,36 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
                 first_seen=now,
                 last_seen=now,
             )
-            session.execute(
-                insert.on_conflict_do_update(
-                    index_elements=[ModelVersion.model_id, ModelVersion.version],
+            connection.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=[model_versions.c.model_id, model_versions.c.version],
                     set_={
-                        "path": insert.excluded.path,
-                        "checksum": insert.excluded.checksum,
-                        "size": insert.excluded.size,
-                        "last_seen": insert.excluded.last_seen,
+                        "path": upsert.excluded.path,
+                        "checksum": upsert.excluded.checksum,
+                        "size": upsert.excluded.size,
+                        "last_seen": upsert.excluded.last_seen,
                     },
                 )
             )
 
     def model_versions(self, name: str) -> list[SeenVersion]:
         """Every version of ``name`` ever seen, by version number; empty for a model never seen."""
-        with self._session(write=False) as session:
-            rows = session.scalars(
-                select(ModelVersion)
-                .join(Model, Model.id == ModelVersion.model_id)
-                .where(Model.name == name)
-                .order_by(ModelVersion.version)
-            )
-            return [
-                SeenVersion(row.version, row.path, row.checksum, row.size, row.first_seen, row.last_seen)
-                for row in rows
-            ]
+        versions = model_versions.c
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(
+                select(
+                    versions.version,
+                    versions.path,
+                    versions.checksum,
+                    versions.size,
+                    versions.first_seen,
+                    versions.last_seen,
+                )
+                .join(models, models.c.id == versions.model_id)
+                .where(models.c.name == name)
+                .order_by(versions.version)
+            ).mappings()
+            return [SeenVersion(**row) for row in rows]
 
     # --- history ---------------------------------------------------------------------------------------------
 
@@ -257,71 +274,73 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
         if duration_s is not None and not duration_s >= 0:  # "not >=" also refuses NaN
             raise ValueError(f"duration of the '{name}' transition to {state} must be >= 0 seconds, got {duration_s}")
         now = _now()
-        with self._session(write=True) as session:
-            model_id = _model_id(session, name)
-            same_version = Transition.version.is_(None) if version is None else Transition.version == version
-            previous = session.scalar(
-                select(Transition.state)
-                .where(Transition.model_id == model_id, same_version)
-                .order_by(Transition.id.desc())
-                .limit(1)
+        t = transitions.c
+        with self._transaction(write=True) as connection:
+            model_id = _model_id(connection, name)
+            same_version = t.version.is_(None) if version is None else t.version == version
+            previous = connection.scalar(
+                select(t.state).where(t.model_id == model_id, same_version).order_by(t.id.desc()).limit(1)
             )
-            row = Transition(
-                model_id=model_id,
-                version=version,
-                state=state,
-                previous=previous,
-                source=source,
-                reason=reason,
-                at=now,
-                duration_s=duration_s,
-                actor=actor,
+            event_id = inserted_id(
+                connection.execute(
+                    insert(transitions).values(
+                        model_id=model_id,
+                        version=version,
+                        state=state,
+                        previous=previous,
+                        source=source,
+                        reason=reason,
+                        at=now,
+                        duration_s=duration_s,
+                        actor=actor,
+                    )
+                )
             )
-            session.add(row)
-            session.flush()  # assigns row.id
-            if row.id % _PRUNE_EVERY == 0:
-                self._prune(session, model_id)
-            return _event(row, name)
+            if event_id % _PRUNE_EVERY == 0:
+                self._prune(connection, model_id)
+        return HistoryEvent(event_id, name, version, state, previous, source, reason, now, duration_s, actor)
 
-    def _prune(self, session: Session, model_id: int) -> None:
+    def _prune(self, connection: Connection, model_id: int) -> None:
         """Drops the model's events older than its newest ``history_per_model`` (one indexed range delete)."""
-        oldest_kept = session.scalar(
-            select(Transition.id)
-            .where(Transition.model_id == model_id)
-            .order_by(Transition.id.desc())
+        t = transitions.c
+        oldest_kept = connection.scalar(
+            select(t.id)
+            .where(t.model_id == model_id)
+            .order_by(t.id.desc())
             .offset(self._history_per_model - 1)
             .limit(1)
         )
         if oldest_kept is not None:
-            session.execute(delete(Transition).where(Transition.model_id == model_id, Transition.id < oldest_kept))
+            connection.execute(delete(transitions).where(t.model_id == model_id, t.id < oldest_kept))
 
     def history(self, name: str | None, *, offset: int = 0, limit: int = 50) -> tuple[list[HistoryEvent], int]:
         """A page of transitions, newest first, and how many there are in all; ``name`` None: every model's."""
         if offset < 0 or limit < 1:
             raise ValueError(f"history needs offset >= 0 and limit >= 1, got offset {offset} and limit {limit}")
-        with self._session(write=False) as session:
-            page = select(Transition, Model.name).join(Model, Model.id == Transition.model_id)
-            count = select(func.count()).select_from(Transition)
+        t = transitions.c
+        with self._transaction(write=False) as connection:
+            page = select(transitions, models.c.name.label("model")).join(models, models.c.id == t.model_id)
+            count = select(func.count()).select_from(transitions)
             if name is not None:
-                model_id = session.scalar(select(Model.id).where(Model.name == name))
+                model_id = connection.scalar(select(models.c.id).where(models.c.name == name))
                 if model_id is None:
                     return [], 0
-                page = page.where(Transition.model_id == model_id)
-                count = count.where(Transition.model_id == model_id)
-            total = session.scalar(count) or 0
-            rows = session.execute(page.order_by(Transition.id.desc()).offset(offset).limit(limit))
-            return [_event(row, model) for row, model in rows], total
+                page = page.where(t.model_id == model_id)
+                count = count.where(t.model_id == model_id)
+            total = connection.scalar(count) or 0
+            rows = connection.execute(page.order_by(t.id.desc()).offset(offset).limit(limit)).mappings()
+            return [_event(row) for row in rows], total
 
     # --- explicit mode's desired set -------------------------------------------------------------------------
 
     def desired(self) -> dict[str, list[int] | None]:
         """Model name -> the versions asked for (ascending), or None for "as the model's version policy says"."""
-        with self._session(write=False) as session:
-            rows = session.execute(
-                select(Model.name, DesiredModel.by_policy, DesiredVersion.version)
-                .join(DesiredModel, DesiredModel.model_id == Model.id)
-                .outerjoin(DesiredVersion, DesiredVersion.model_id == DesiredModel.model_id)
-                .order_by(Model.name, DesiredVersion.version)
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(
+                select(models.c.name, desired_models.c.by_policy, desired_versions.c.version)
+                .join(desired_models, desired_models.c.model_id == models.c.id)
+                .outerjoin(desired_versions, desired_versions.c.model_id == desired_models.c.model_id)
+                .order_by(models.c.name, desired_versions.c.version)
             )
             result: dict[str, list[int] | None] = {}
             for name, by_policy, version in rows:
@@ -336,26 +355,28 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
     def set_desired(self, name: str, versions: list[int] | None) -> None:
         """Replaces what is desired of ``name``: these versions (duplicates dropped), or None for its policy's."""
         now = _now()
-        with self._session(write=True) as session:
-            model_id = _model_id(session, name)
-            upsert = sqlite_insert(DesiredModel).values(model_id=model_id, by_policy=versions is None, set_at=now)
-            session.execute(
+        with self._transaction(write=True) as connection:
+            model_id = _model_id(connection, name)
+            upsert = sqlite_insert(desired_models).values(model_id=model_id, by_policy=versions is None, set_at=now)
+            connection.execute(
                 upsert.on_conflict_do_update(
-                    index_elements=[DesiredModel.model_id],
+                    index_elements=[desired_models.c.model_id],
                     set_={"by_policy": upsert.excluded.by_policy, "set_at": upsert.excluded.set_at},
                 )
             )
-            session.execute(delete(DesiredVersion).where(DesiredVersion.model_id == model_id))
+            connection.execute(delete(desired_versions).where(desired_versions.c.model_id == model_id))
             if versions:
-                session.add_all(DesiredVersion(model_id=model_id, version=v) for v in sorted(set(versions)))
+                connection.execute(
+                    insert(desired_versions), [{"model_id": model_id, "version": v} for v in sorted(set(versions))]
+                )
 
     def remove_desired(self, name: str) -> None:
         """Drops ``name`` from the desired set; a model not in it is left as it is."""
-        with self._session(write=True) as session:
+        with self._transaction(write=True) as connection:
             # desired_versions rows go with it: ON DELETE CASCADE, with foreign_keys=ON on every connection.
-            session.execute(
-                delete(DesiredModel).where(
-                    DesiredModel.model_id == select(Model.id).where(Model.name == name).scalar_subquery()
+            connection.execute(
+                delete(desired_models).where(
+                    desired_models.c.model_id == select(models.c.id).where(models.c.name == name).scalar_subquery()
                 )
             )
 
@@ -364,9 +385,9 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
     def add_token(self, token: TokenRecord) -> None:
         """Stores a new token; StateError if its name (or, by a one-in-2**64 chance, its id) is taken."""
         try:
-            with self._session(write=True) as session:
-                session.add(
-                    ApiToken(
+            with self._transaction(write=True) as connection:
+                connection.execute(
+                    insert(api_tokens).values(
                         token_id=token.token_id,
                         name=token.name,
                         role=token.role,
@@ -383,40 +404,42 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
 
     def tokens(self) -> list[TokenRecord]:
         """Every token, revoked and expired ones too, oldest first."""
-        with self._session(write=False) as session:
-            return [_token(row) for row in session.scalars(select(ApiToken).order_by(ApiToken.id))]
+        with self._transaction(write=False) as connection:
+            return [TokenRecord(**row) for row in connection.execute(_TOKENS.order_by(api_tokens.c.id)).mappings()]
 
     def find_token(self, token_id: str) -> TokenRecord | None:
-        with self._session(write=False) as session:
-            row = session.scalar(select(ApiToken).where(ApiToken.token_id == token_id))
-            return None if row is None else _token(row)
+        with self._transaction(write=False) as connection:
+            row = connection.execute(_TOKENS.where(api_tokens.c.token_id == token_id)).mappings().first()
+            return None if row is None else TokenRecord(**row)
 
     def revoke_token(self, name: str) -> bool:
         """Revokes the token called ``name``; False when there is none (or it was revoked already)."""
-        with self._session(write=True) as session:
-            row = session.scalar(select(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None)))
-            if row is None:
-                return False
-            row.revoked_at = _now()
-            return True
+        with self._transaction(write=True) as connection:
+            revoked = connection.execute(
+                update(api_tokens)
+                .where(api_tokens.c.name == name, api_tokens.c.revoked_at.is_(None))
+                .values(revoked_at=_now())
+            )
+            return revoked.rowcount > 0
 
     # --- maintenance -----------------------------------------------------------------------------------------
 
     def integrity_check(self) -> str:
         """SQLite's full ``PRAGMA integrity_check``: "ok", or its findings joined with "; "."""
-        with self._session(write=False) as session:
-            findings = session.connection().exec_driver_sql("PRAGMA integrity_check").scalars().all()
+        with self._transaction(write=False) as connection:
+            findings = connection.exec_driver_sql("PRAGMA integrity_check").scalars().all()
             return "; ".join(str(finding) for finding in findings)
 
     @contextmanager
-    def _session(self, *, write: bool) -> Iterator[Session]:
-        """One transaction under the store's lock; SQLite's errors come out as StateError."""
+    def _transaction(self, *, write: bool) -> Iterator[Connection]:
+        """One transaction under the store's lock, committed when the block ends without an error, rolled back
+        when it raises; SQLite's errors come out as StateError."""
         with self._lock:
             if self._closed:
                 raise StateError(f"state database {self._path} is closed")
             try:
-                with Session(self._writer if write else self._reader) as session, session.begin():
-                    yield session
+                with (self._writer if write else self._reader).begin() as connection:
+                    yield connection
             except DBAPIError as error:
                 raise StateError(_describe(self._path, error)) from error
 
@@ -467,9 +490,9 @@ def _check_and_migrate(engine: Engine, db: Path) -> None:
             raise StateError(f"state database {db} is corrupt ({found}); {_MOVE_ASIDE}")
         tables = set(inspect(connection).get_table_names())
         if not tables:
-            # A new database: the schema as the models declare it, stamped at head, as Alembic's "create_all, then
-            # stamp" recipe does (a test holds the result equal to running every migration).
-            Base.metadata.create_all(connection)
+            # A new database: the schema as edged.state.schema declares it, stamped at head, as Alembic's
+            # "create_all, then stamp" recipe does (a test holds the result equal to running every migration).
+            metadata.create_all(connection)
             connection.exec_driver_sql(_VERSION_TABLE)
             connection.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES (?)", (HEAD_REVISION,))
         elif "alembic_version" not in tables or _revisions(connection) != [HEAD_REVISION]:
@@ -510,37 +533,28 @@ def _migrate(connection: Connection, db: Path, tables: set[str]) -> None:
     command.upgrade(config, "head")
 
 
-def _model_id(session: Session, name: str) -> int:
+def _model_id(connection: Connection, name: str) -> int:
     """The id of model ``name``, adding the model on first use; inside a write transaction, so no race."""
     if not name:
         raise ValueError("a model name must not be empty")
-    model_id = session.scalar(select(Model.id).where(Model.name == name))
+    model_id: int | None = connection.scalar(select(models.c.id).where(models.c.name == name))
     if model_id is None:
-        model = Model(name=name)
-        session.add(model)
-        session.flush()
-        model_id = model.id
+        model_id = inserted_id(connection.execute(insert(models).values(name=name)))
     return model_id
 
 
-def _event(row: Transition, name: str) -> HistoryEvent:
+def _event(row: RowMapping) -> HistoryEvent:
     return HistoryEvent(
-        id=row.id,
-        model=name,
-        version=row.version,
-        state=row.state,
-        previous=row.previous,
-        source=row.source,
-        reason=row.reason,
-        at=row.at,
-        duration_s=row.duration_s,
-        actor=row.actor,
-    )
-
-
-def _token(row: ApiToken) -> TokenRecord:
-    return TokenRecord(
-        row.token_id, row.name, row.role, row.secret_sha256, row.created_at, row.expires_at, row.revoked_at
+        id=row["id"],
+        model=row["model"],
+        version=row["version"],
+        state=row["state"],
+        previous=row["previous"],
+        source=row["source"],
+        reason=row["reason"],
+        at=row["at"],
+        duration_s=row["duration_s"],
+        actor=row["actor"],
     )
 
 

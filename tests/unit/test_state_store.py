@@ -23,7 +23,7 @@ from sqlalchemy import create_engine
 
 from edged.state.directory import default_state_dir
 from edged.state.records import StateError
-from edged.state.schema import Base
+from edged.state.schema import metadata
 from edged.state.store import (
     BUSY_TIMEOUT_S,
     DB_NAME,
@@ -123,7 +123,7 @@ def test_migrations_match_the_models(tmp_path: Path) -> None:
     engine = create_engine(f"sqlite:///{tmp_path / DB_NAME}")
     try:
         with engine.connect() as connection:
-            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert compare_metadata(MigrationContext.configure(connection), metadata) == []
             indexes = {
                 name for (name,) in connection.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'index'")
             }

@@ -19,7 +19,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from edged.state.schema import Base
+from edged.state.schema import metadata
 
 config = context.config
 
@@ -27,7 +27,7 @@ config = context.config
 def run_migrations(connection: Connection) -> None:
     context.configure(
         connection=connection,
-        target_metadata=Base.metadata,
+        target_metadata=metadata,
         # SQLite cannot ALTER most things; batch mode rebuilds the table instead.
         render_as_batch=True,
         transactional_ddl=True,
