@@ -142,9 +142,7 @@ class OnnxRuntimeModel:
         unused = list(self._instances)
         kept: list[OnnxRuntimeInstance] = []
         added: list[OnnxRuntimeInstance] = []
-        placements = instance_placements(config, context.devices)
-        cpu_options = _shared_cores_options(config, placements, context.devices.cpu_count) or self._options
-        for placement in placements:
+        for placement in instance_placements(config, context.devices):
             same = next((instance for instance in unused if instance.placement == placement), None)
             if same is not None:
                 unused.remove(same)
@@ -152,8 +150,7 @@ class OnnxRuntimeModel:
                 continue
             group = config.instance_group[placement.group]
             providers = _providers(config, group, placement.device_id)
-            options = cpu_options if placement.kind == "CPU" else self._options
-            session = _open_session(context, options, providers)
+            session = _open_session(context, self._options, providers)
             if not self._instances and not added:
                 _check_io(config, context, session)
             added.append(OnnxRuntimeInstance(placement, group.name, config, session))
@@ -359,22 +356,6 @@ def _open_session(context: LoadContext, options: ort.SessionOptions, providers: 
         raise EdgedError(
             ErrorCode.INVALID_ARG, f"onnx runtime error loading model '{context.model_name}': {detail}"
         ) from None
-
-
-def _shared_cores_options(
-    config: ModelConfig, placements: Sequence[InstancePlacement], cpu_count: int
-) -> ort.SessionOptions | None:
-    """Session options for the CPU instances of a model that has several, when its config does not set
-    ``intra_op_thread_count``: each gets an equal share of the cores. onnxruntime gives every session a thread per
-    core, so N instances running at once would put N threads on each core; they then slow each other down more
-    than they gain (on 2 cores, two ResNet-50 instances served less than one), while instances that each own their
-    cores run side by side. None when the defaults stand."""
-    cpu_instances = sum(1 for placement in placements if placement.kind == "CPU")
-    if cpu_instances < 2 or any(key == "intra_op_thread_count" for key in config.parameters):
-        return None
-    options = _session_options(config)
-    options.intra_op_num_threads = max(1, cpu_count // cpu_instances)
-    return options
 
 
 def _session_options(config: ModelConfig) -> ort.SessionOptions:

@@ -282,44 +282,6 @@ def test_two_onnx_cpu_instances_run_two_requests_at_once(tmp_path: Path, monkeyp
         assert np.array_equal(response.outputs[0].data, np.full((1, 16), 2 * value, dtype=np.float32))
 
 
-@pytest.mark.parametrize(
-    ("groups", "parameters", "threads"),
-    [
-        ("{ count: 1 kind: KIND_CPU }", "", [0]),  # one instance: onnxruntime's own default, a thread per core
-        ("{ count: 2 kind: KIND_CPU }", "", [2, 2]),
-        ("{ count: 3 kind: KIND_CPU }", "", [1, 1, 1]),
-        ("{ count: 1 kind: KIND_CPU }, { count: 1 kind: KIND_CPU }", "", [2, 2]),
-        (
-            "{ count: 2 kind: KIND_CPU }",
-            'parameters { key: "intra_op_thread_count" value: { string_value: "3" } }',
-            [3, 3],
-        ),
-    ],
-)
-def test_onnx_cpu_instances_share_the_cores(tmp_path: Path, groups: str, parameters: str, threads: list[int]) -> None:
-    """Several CPU instances of a model each get an equal share of the cores (4 here), unless the config says."""
-    modelgen.write_add_sub(tmp_path / "add_sub", max_batch_size=8, dims=16, dtype="FP32")
-    config = tmp_path / "add_sub" / "config.pbtxt"
-    config.write_text(
-        config.read_text(encoding="utf-8") + f"instance_group [ {groups} ]\n{parameters}\n", encoding="utf-8"
-    )
-
-    async def run() -> list[int]:
-        with ThreadPoolExecutor(4) as executor:
-            options = ManagerOptions([tmp_path], devices=DeviceInventory(4))
-            manager = ModelRepositoryManager(options, executor, BackendRegistry({}))
-            await manager.load_all()
-            try:
-                model = manager.get_ready("add_sub", -1).backend_model
-                assert model is not None
-                instances = [i for i in model.instances if isinstance(i, OnnxRuntimeInstance)]
-                return [i._session.get_session_options().intra_op_num_threads for i in instances]
-            finally:
-                await manager.unload_all()
-
-    assert asyncio.run(run()) == threads
-
-
 # --- the inventory and placement, without a daemon ----------------------------------------------------------
 
 
