@@ -8,11 +8,13 @@ The package is packed uncompressed here: xz takes minutes on a small machine and
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -383,35 +385,50 @@ def _serve_in_root(root: Path) -> None:
     """The installed daemon serves the bundled repository: an inference over HTTP is answered right."""
     http, grpc, metrics, console = (_free_port() for _ in range(4))
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
-    # --kill-child: the daemon (the namespace's first process) is sent SIGTERM when unshare is.
+    # --kill-child: should unshare be killed, the daemon (the namespace's first process) is sent SIGTERM.
     command = ["unshare", "--mount", "--pid", "--fork", "--kill-child=SIGTERM", f"--mount-proc={root}/proc"]
-    command += ["chroot", str(root), "edged", "serve", "--state-dir=/tmp/state", "--model-control-mode=explicit"]
+    command += ["chroot", str(root), "edged", "serve", "--model-repository=/usr/share/edged/model_repository"]
+    command += ["--state-dir=/tmp/state", "--model-control-mode=explicit"]
     command += ["--load-model=*", f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
     command += [f"--console-port={console}"]
     body = {
         "inputs": [{"name": n, "shape": [1, 16], "datatype": "FP32", "data": [2.0] * 16} for n in ("INPUT0", "INPUT1")]
     }
-    with subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    ) as daemon:
+    log_path = root / "tmp/edged-serve.log"
+    with log_path.open("wb") as log_file:
+        unshare = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    try:
+        deadline = time.monotonic() + 60
+        while _status(f"http://127.0.0.1:{http}/v2/health/ready") != 200:
+            assert unshare.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.2)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http}/v2/models/add_sub/infer", data=json.dumps(body).encode(), method="POST"
+        )
         try:
-            deadline = time.monotonic() + 60
-            while _status(f"http://127.0.0.1:{http}/v2/health/ready") != 200:
-                assert daemon.poll() is None and time.monotonic() < deadline, "the installed daemon did not get ready"
-                time.sleep(0.2)
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{http}/v2/models/add_sub/infer", data=json.dumps(body).encode(), method="POST"
-            )
             with urllib.request.urlopen(request, timeout=10) as reply:
                 outputs = {output["name"]: output["data"] for output in json.load(reply)["outputs"]}
-            assert outputs == {"OUTPUT0": [4.0] * 16, "OUTPUT1": [0.0] * 16}
-        finally:
-            daemon.terminate()
-            log = daemon.communicate(timeout=30)[0].decode(errors="replace")
-    deadline = time.monotonic() + 30
-    while _status(f"http://127.0.0.1:{http}/v2/health/live") != 0:
-        assert time.monotonic() < deadline, f"the installed daemon did not stop:\n{log}"
-        time.sleep(0.2)
+        except urllib.error.HTTPError as exc:
+            pytest.fail(f"inference answered {exc.code} {exc.read()!r}:\n{log_path.read_text(errors='replace')}")
+        assert outputs == {"OUTPUT0": [4.0] * 16, "OUTPUT1": [0.0] * 16}
+    finally:
+        _stop_in_root(unshare)
+    assert _status(f"http://127.0.0.1:{http}/v2/health/live") == 0, log_path.read_text(errors="replace")
+    assert unshare.returncode == 0, log_path.read_text(errors="replace")
+
+
+def _stop_in_root(unshare: subprocess.Popen[bytes]) -> None:
+    """Stops the daemon as systemd would, with SIGTERM to the daemon itself: ``unshare --fork`` blocks SIGTERM while
+    it waits for its child. If the daemon does not stop in time, unshare is killed, and the daemon with it."""
+    children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children")
+    with contextlib.suppress(OSError):
+        for pid in children.read_text().split():
+            os.kill(int(pid), signal.SIGTERM)
+    try:
+        unshare.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        unshare.kill()
+        unshare.wait(timeout=30)
 
 
 def _free_port() -> int:
