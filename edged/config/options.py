@@ -174,6 +174,17 @@ OPTIONS: Final[tuple[Option, ...]] = (
         low=1,
         metavar="BYTES",
     ),
+    Option(
+        "frontend-workers",
+        "int",
+        -1,
+        "processes beside the daemon that serve the HTTP and gRPC ports on cores of their own (they read, check and "
+        "answer requests; the models stay in the daemon, which runs every request); 0: none; -1: one for each 2 "
+        "cores past the first 2, at most 6 (none on a device of 2 or 3 cores); not with TLS on HTTP or gRPC",
+        low=-1,
+        high=64,
+        metavar="N",
+    ),
     Option("allow-grpc", "bool", True, "serve KServe v2 over gRPC", metavar="BOOL"),
     Option("grpc-address", "str", "0.0.0.0", "address the gRPC endpoint binds", metavar="ADDR"),
     _port("grpc-port", 8001, "gRPC port"),

@@ -45,6 +45,7 @@ class Settings:
     http_max_json_depth: int
     http_max_chunks: int
     grpc_max_queued_stream_bytes: int
+    frontend_workers: int
     allow_grpc: bool
     grpc_address: str
     grpc_port: int

@@ -10,7 +10,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edged import __version__
 from edged.core.names import model_name_problem, printable
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from edged.core.repository.summary import ModelSummary
     from edged.core.repository.uploads import ModelUploads
     from edged.core.repository.versions import ServedVersions
+    from edged.core.request.validation import ModelSignature
     from edged.core.scheduling.scheduler import Scheduler
     from edged.core.stats import ModelStatistics
     from edged.core.sync_control import SyncControl
@@ -78,7 +79,23 @@ class ModelHandle:
     name: str
     version: int
     decoupled: bool
-    _record: ModelVersion = field(repr=False, compare=False)
+    # None in a frontend worker's handle (edged.frontends.relay): the daemon looks the version up again.
+    _record: ModelVersion | None = field(repr=False, compare=False)
+
+
+class InferencePath(Protocol):
+    """What the inference endpoints call: InferenceService in the daemon, edged.frontends.relay.remote's
+    RemoteService in a frontend worker process."""
+
+    def find_model(self, name: str, version: int) -> ModelHandle: ...
+
+    def raw_input(self, model: ModelHandle, raw: bytes | memoryview) -> InferInput: ...
+
+    async def infer(self, request: InferRequest, handle: ModelHandle | None = None) -> InferResponse: ...
+
+    def infer_stream(
+        self, request: InferRequest, handle: ModelHandle | None = None
+    ) -> AsyncIterator[StreamResponse]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,17 +274,18 @@ class InferenceService:
         found = self._manager.get_ready(name, version)
         return ModelHandle(found.name, found.version, _is_decoupled(found), found)
 
-    def raw_input(self, model: ModelHandle, raw: bytes | memoryview) -> InferInput:
-        signature = model._record.signature
+    def model_signature(self, model: ModelHandle) -> ModelSignature:
+        """The inputs and outputs a request to the handle's version is checked against."""
+        signature = self._record(None, model).signature
         if signature is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, f"model '{model.name}' is not ready")
-        return raw_binary_input(signature, raw)
+        return signature
+
+    def raw_input(self, model: ModelHandle, raw: bytes | memoryview) -> InferInput:
+        return raw_binary_input(self.model_signature(model), raw)
 
     async def infer(self, request: InferRequest, handle: ModelHandle | None = None) -> InferResponse:
-        model = (
-            handle._record if handle is not None else self._manager.get_ready(request.model_name, request.model_version)
-        )
-        return await self._infer(request, model)
+        return await self._infer(request, self._record(request, handle))
 
     async def _infer(self, request: InferRequest, model: ModelVersion) -> InferResponse:
         if _is_decoupled(model):
@@ -303,9 +321,7 @@ class InferenceService:
         gives exactly one; a decoupled one zero or more, then possibly a final response with no data. Errors found
         before the model runs are raised; errors after come as responses. Leaving the iteration early cancels the
         request."""
-        model = (
-            handle._record if handle is not None else self._manager.get_ready(request.model_name, request.model_version)
-        )
+        model = self._record(request, handle)
         if not _is_decoupled(model):
             yield StreamResponse(await self._infer(request, model), final=True)
             return
@@ -329,10 +345,14 @@ class InferenceService:
             if held:
                 self.shared_memory.release(held)
 
-    def _record(self, request: InferRequest, handle: ModelHandle | None) -> ModelVersion:
-        """The version the request goes to: the frontend's handle, or (a call from a model) looked up now."""
+    def _record(self, request: InferRequest | None, handle: ModelHandle | None) -> ModelVersion:
+        """The version the request goes to: the frontend's handle, or (a call from a model or a frontend worker)
+        looked up now."""
         if handle is not None:
-            return handle._record
+            if handle._record is not None:
+                return handle._record
+            return self._manager.get_ready(handle.name, handle.version)
+        assert request is not None
         return self._manager.get_ready(request.model_name, request.model_version)
 
     def _scheduler_of(self, model: ModelVersion) -> Scheduler:

@@ -110,19 +110,24 @@ class BoundSockets:
 
     name = "sockets"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, share_http: bool = False) -> None:
         self._settings = settings
+        self._share_http = share_http
         self.http: socket.socket | None = None
         self.metrics: socket.socket | None = None
         self.console: socket.socket | None = None
 
     async def start(self) -> None:
         settings = self._settings
-        self.http = _bind("HTTP", settings.http_address, settings.http_port)
+        self.http = bind_socket("HTTP", settings.http_address, settings.http_port, share_port=self._share_http)
         if settings.allow_metrics:
-            self.metrics = _bind("metrics", settings.metrics_address or settings.http_address, settings.metrics_port)
+            self.metrics = bind_socket(
+                "metrics", settings.metrics_address or settings.http_address, settings.metrics_port
+            )
         if console_enabled(settings):
-            self.console = _bind("console", settings.console_address or settings.http_address, settings.console_port)
+            self.console = bind_socket(
+                "console", settings.console_address or settings.http_address, settings.console_port
+            )
 
     def stopping(self) -> None:
         pass
@@ -255,6 +260,11 @@ class UvicornEndpoint:
         self._socket = sock
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def app(self) -> Any:
+        """The ASGI app the endpoint serves."""
+        return self._server.config.app
+
     async def start(self) -> None:
         self.task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
         while not self._server.started:
@@ -290,7 +300,7 @@ def http_endpoint(
     fast_infer = access.is_open(Category.INFERENCE, "http")
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
     app = AccessMiddleware(create_http_app(service, options, access, audit), access, "http", http_category)
-    config = _uvicorn_config(app, settings, protocol, tls)
+    config = uvicorn_config(app, settings, protocol, tls)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
 
 
@@ -310,7 +320,7 @@ def metrics_endpoint(
     )
     protocol = LimitedHttpProtocol.limited(limits, "metrics", refused)
     app = AccessMiddleware(create_metrics_app(collector), access, "metrics", lambda _method, _path: Category.METRICS)
-    return UvicornEndpoint("the metrics endpoint", _uvicorn_config(app, settings, protocol, tls), sock)
+    return UvicornEndpoint("the metrics endpoint", uvicorn_config(app, settings, protocol, tls), sock)
 
 
 def console_enabled(settings: Settings) -> bool:
@@ -326,7 +336,7 @@ def console_config(settings: Settings, app: Any, refused: Counter, tls: HttpTls 
         max_body_size=CONSOLE_MAX_BODY_SIZE,
     )
     protocol = LimitedHttpProtocol.limited(limits, "console", refused)
-    return _uvicorn_config(app, settings, protocol, tls)
+    return uvicorn_config(app, settings, protocol, tls)
 
 
 class SystemMetricsPart:
@@ -351,28 +361,36 @@ class GrpcEndpoint:
     name = "the gRPC endpoint"
 
     def __init__(
-        self, settings: Settings, service: InferenceService, access: AccessPolicy, tls: GrpcTls | None = None
+        self,
+        settings: Settings,
+        service: InferenceService,
+        access: AccessPolicy,
+        tls: GrpcTls | None = None,
+        relay_socket: str | None = None,
     ) -> None:
+        """``relay_socket``: frontend workers share the port and relay calls to this Unix socket."""
         self._settings = settings
         self._service = service
         self._access = access
         self._tls = tls
+        self._relay_socket = relay_socket
         self.server: GrpcServer | None = None
 
     async def start(self) -> None:
         settings = self._settings
-        options = GrpcOptions(
-            max_message_size=settings.grpc_max_message_size,
-            shutdown_grace_s=settings.exit_timeout_secs,
-            max_connections=settings.grpc_max_connections,
-            handshake_timeout_s=settings.grpc_handshake_timeout_secs,
-            idle_timeout_s=settings.grpc_idle_timeout_secs,
-            max_queued_stream_bytes=settings.grpc_max_queued_stream_bytes,
-        )
+        if self._relay_socket is not None and settings.grpc_port != 0:
+            # grpc binds the shared port itself: first make sure nobody else holds it.
+            bind_socket("gRPC", settings.grpc_address, settings.grpc_port).close()
         try:
             credentials = self._tls.credentials if self._tls is not None else None
             self.server = GrpcServer(
-                self._service, settings.grpc_address, settings.grpc_port, options, credentials, self._access
+                self._service,
+                settings.grpc_address,
+                settings.grpc_port,
+                grpc_options(settings),
+                credentials,
+                self._access,
+                self._relay_socket,
             )
         except RuntimeError as exc:
             # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.
@@ -386,6 +404,17 @@ class GrpcEndpoint:
         # New calls are refused at once; open streams answer what they read, within the exit timeout.
         if self.server is not None:
             await self.server.stop()
+
+
+def grpc_options(settings: Settings) -> GrpcOptions:
+    return GrpcOptions(
+        max_message_size=settings.grpc_max_message_size,
+        shutdown_grace_s=settings.exit_timeout_secs,
+        max_connections=settings.grpc_max_connections,
+        handshake_timeout_s=settings.grpc_handshake_timeout_secs,
+        idle_timeout_s=settings.grpc_idle_timeout_secs,
+        max_queued_stream_bytes=settings.grpc_max_queued_stream_bytes,
+    )
 
 
 class _Server(uvicorn.Server):
@@ -424,7 +453,7 @@ class _Server(uvicorn.Server):
         self.started = True
 
 
-def _uvicorn_config(
+def uvicorn_config(
     app: Any, settings: Settings, protocol: type[LimitedHttpProtocol], tls: HttpTls | None
 ) -> uvicorn.Config:
     context = tls.context if tls is not None else None
@@ -454,7 +483,11 @@ def _uvicorn_config(
     )
 
 
-def _bind(what: str, address: str, port: int) -> socket.socket:
+def bind_socket(what: str, address: str, port: int, *, share_port: bool = False, worker: bool = False) -> socket.socket:
+    """The endpoint's socket, bound. ``share_port``: frontend workers listen on the port too (SO_REUSEPORT); the
+    daemon (not a ``worker``) checks first that nobody else holds it, as sharing would hide a second daemon."""
+    if share_port and not worker and port != 0:
+        bind_socket(what, address, port).close()
     try:
         family, kind, proto, _, where = socket.getaddrinfo(
             address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -464,6 +497,8 @@ def _bind(what: str, address: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     # As uvicorn binds: a restart must not wait for the previous daemon's connections in TIME_WAIT.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if share_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(where)
     except OSError as exc:

@@ -60,6 +60,7 @@ from edged.daemon.reload import read_settings, reload
 from edged.daemon.signals import Signals
 from edged.daemon.sync import SyncPart, build_sync, mirrors, prepare_mirrors
 from edged.daemon.systemd import ServiceNotifier
+from edged.daemon.workers import WorkerPlan, WorkersPart
 from edged.frontends.access import access_refusal_counter, counting
 from edged.frontends.http import refusal_counter
 from edged.frontends.metrics.endpoint import MetricsCollector, edged_registry
@@ -107,6 +108,8 @@ class Core:
     # The console's users and sessions, and the audit history of every door, when there is a state database.
     accounts: Accounts | None = None
     audit: AuditLog | None = None
+    # The state database (API tokens, which frontend workers look up through the daemon).
+    store: StateStore | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -205,6 +208,7 @@ class Core:
             sync,
             Accounts(store) if store is not None else None,
             audit,
+            store,
         )
 
     def status(self, endpoints: str) -> str:
@@ -341,11 +345,13 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
     raise_file_limit(settings)
     notifier.status("loading models")
     parts = Parts()
+    plan: WorkerPlan | None = None
     try:
+        plan = WorkerPlan.make(settings)
         core = Core.build(settings)
         readiness = ReadinessPart(core, settings, notifier, signals)
         endpoints: list[UvicornEndpoint] = []
-        for part in _parts(core, settings, readiness, tls, endpoints):
+        for part in _parts(core, settings, readiness, tls, endpoints, plan):
             await parts.start(part)
             if signals.stop.is_set():
                 return 0
@@ -366,15 +372,22 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
         notifier.stopping()
         await signals.close()
         await parts.stop()
+        if plan is not None:
+            plan.remove()
         log.info("edged stopped")
 
 
 def _parts(
-    core: Core, settings: Settings, readiness: ReadinessPart, tls: EndpointTls, endpoints: list[UvicornEndpoint]
+    core: Core,
+    settings: Settings,
+    readiness: ReadinessPart,
+    tls: EndpointTls,
+    endpoints: list[UvicornEndpoint],
+    workers: WorkerPlan | None,
 ) -> Iterator[Part]:
     """The parts in start order: a generator, so that each endpoint is built once its socket is bound; the HTTP
     and metrics endpoints are added to ``endpoints`` as they are built (their ending unasked ends the daemon)."""
-    sockets = BoundSockets(settings)
+    sockets = BoundSockets(settings, share_http=workers is not None)
     yield CorePart(core)
     yield sockets
     yield tls
@@ -399,13 +412,18 @@ def _parts(
         endpoints.append(metrics)
         yield metrics
     if settings.allow_grpc:
-        yield GrpcEndpoint(settings, core.service, core.access, tls.grpc)
+        yield GrpcEndpoint(
+            settings, core.service, core.access, tls.grpc, workers.grpc_socket if workers is not None else None
+        )
     if sockets.console is not None and core.accounts is not None:
         console = console_part(
             settings, core.service, core.accounts, core.audit, core.access, sockets.console, core.refused, tls
         )
         endpoints.append(console)
         yield console
+    if workers is not None:
+        ports = (sockets.http.getsockname()[1], settings.grpc_port)
+        yield WorkersPart(workers, settings, core.service, core.store, http.app, ports)
     yield readiness
 
 

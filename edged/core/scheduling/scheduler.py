@@ -67,6 +67,7 @@ class DirectScheduler:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def enqueue(self, request: InferRequest) -> InferResponse | EdgedError | None:
         # Counted from arrival, so drain() also waits for requests still queued for an instance.
@@ -86,8 +87,10 @@ class DirectScheduler:
         queued_ns = time.monotonic_ns() - request.arrival_ns
         timing = ExecutionTiming()
         # The one way every scheduler runs a batch (BatchRunner): inline, on the pool, or awaited.
-        finished: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        inline = self._runner.run(instance, [request], timing, finished.set_result)
+        # The loop kept from the first request: asyncio.get_running_loop() makes a getpid() system call each time.
+        loop = self._loop or self._first_loop()
+        finished: asyncio.Future[list[Any]] = loop.create_future()
+        inline = self._runner.run(instance, [request], timing, finished.set_result, loop)
         if inline is not None:
             self._finish(instance)
             result: InferResponse | EdgedError | None = inline[0]
@@ -134,6 +137,10 @@ class DirectScheduler:
             self._stats.record_failure(request_ns, FailureReason.CANCELED)
         else:
             self._stats.record_success(request.batch_size, request_ns, 0, timing)
+
+    def _first_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     async def drain(self) -> None:
         await self._idle.wait()
@@ -249,9 +256,11 @@ class BatchRunner:
         requests: list[InferRequest],
         timing: ExecutionTiming,
         done: Callable[[list[Any]], None],
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> list[Any] | None:
         """The results when the batch ran inline (``done`` is then not called); otherwise None, and ``done``
-        gets them on the event loop when the execution ends. A backend that raises fails its batch only."""
+        gets them on the event loop (``loop``, the running one) when the execution ends. A backend that raises
+        fails its batch only."""
         execute_async = getattr(instance, "execute_async", None)
         if execute_async is not None:
             work: asyncio.Future[Any] = asyncio.ensure_future(execute_async(requests, timing))
@@ -260,7 +269,8 @@ class BatchRunner:
             self._observe(elapsed)
             return results
         else:
-            work = asyncio.get_running_loop().run_in_executor(self._executor, _run_guarded, instance, requests, timing)
+            loop = loop or asyncio.get_running_loop()
+            work = loop.run_in_executor(self._executor, _run_guarded, instance, requests, timing)
         work.add_done_callback(lambda finished: done(self._outcome(finished, len(requests))))
         return None
 

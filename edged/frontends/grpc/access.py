@@ -67,9 +67,27 @@ def guard(servicer: object, policy: AccessPolicy, methods: Mapping[str, Category
             setattr(servicer, name, _guard_unary(method, category, policy))
 
 
+# The client's peer, as a frontend worker relaying a call saw it (edged.frontends.grpc.relay). Believed only from
+# the daemon's Unix socket, which only the daemon's workers can reach: over TCP it is any client's word.
+RELAYED_PEER: Final = "edged-relayed-peer"
+
+
 def caller(context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
     headers = {str(key).lower(): str(value) for key, value in context.invocation_metadata() or ()}
-    return Caller("grpc", peer_address(context.peer()), headers, peer_identity_grpc(context))
+    peer = context.peer()
+    if peer.startswith("unix:") and RELAYED_PEER in headers:
+        peer = headers.pop(RELAYED_PEER)
+    return Caller("grpc", peer_address(peer), headers, peer_identity_grpc(context))
+
+
+def client_address(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The client's IP address, a relayed call's included."""
+    peer = context.peer()
+    if peer.startswith("unix:"):
+        for key, value in context.invocation_metadata() or ():
+            if key == RELAYED_PEER:
+                return peer_address(str(value))
+    return peer_address(peer)
 
 
 def peer_address(peer: str | None) -> str | None:
@@ -87,7 +105,7 @@ def peer_address(peer: str | None) -> str | None:
 def _noting_actor(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     @functools.wraps(method)
     async def noted(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        token = ACTOR.set(open_actor(peer_address(context.peer())))
+        token = ACTOR.set(open_actor(client_address(context)))
         try:
             return await method(request, context)
         finally:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
     from edged.core.request.inference import InferResponse
-    from edged.core.service import InferenceService, ModelHandle
+    from edged.core.service import InferencePath, ModelHandle
 
 log = logging.getLogger("edged.frontends.http")
 
@@ -66,7 +66,7 @@ class Reply:
 
 
 async def answer_infer(
-    service: InferenceService,
+    service: InferencePath,
     options: HttpOptions,
     path: str,
     model_name: str,
@@ -129,7 +129,7 @@ class InferRoute:
 
     _PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 
-    def __init__(self, app: ASGIApp, service: InferenceService, options: HttpOptions) -> None:
+    def __init__(self, app: ASGIApp, service: InferencePath, options: HttpOptions) -> None:
         self._app = app
         self._service = service
         self._options = options
@@ -174,7 +174,7 @@ class InferRoute:
 
 
 async def _infer_unless_disconnected(
-    service: InferenceService, request: InferRequest, model: ModelHandle, receive: Receive
+    service: InferencePath, request: InferRequest, model: ModelHandle, receive: Receive
 ) -> InferResponse | None:
     """The response; None when the client closed its connection first, which cancels the inference as gRPC's
     cancellation does: the scheduler marks the request cancelled and the backend stops early where it can."""

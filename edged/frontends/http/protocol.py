@@ -32,7 +32,7 @@ from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
-    from edged.core.service import InferenceService
+    from edged.core.service import InferencePath
 
 log = logging.getLogger("edged.frontends.http")
 
@@ -93,7 +93,7 @@ class InferHttpProtocol(LimitedHttpProtocol):
     """Give uvicorn ``InferHttpProtocol.serving(service, options, limits)`` as ``Config(http=...)``. The
     connection bounds of edged.frontends.http.limits apply to every request, its own included."""
 
-    service: ClassVar[InferenceService]
+    service: ClassVar[InferencePath]
     options: ClassVar[HttpOptions]
     # False when inference is not open to every client: then every request goes through the ASGI app, where the
     # access policy is asked.
@@ -102,7 +102,7 @@ class InferHttpProtocol(LimitedHttpProtocol):
     @classmethod
     def serving(
         cls,
-        service: InferenceService,
+        service: InferencePath,
         options: HttpOptions,
         limits: ConnectionLimits,
         refused: Counter | None = None,
