@@ -10,7 +10,7 @@ from typing import Final
 
 import benchmarks
 
-from . import batching, console, footprint, protocols, python, sync, tls
+from . import batching, console, footprint, protocols, python, sync, tls, workers
 from .common import BENCH_DIR, PROTOCOLS, Phase
 
 # In the order --help lists them.
@@ -21,6 +21,7 @@ PHASES: Final[tuple[Phase, ...]] = (
     sync.PHASE,
     console.PHASE,
     footprint.PHASE,
+    workers.PHASE,
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from edged.daemon.endpoints import StartupError
 from edged.daemon.workers import MAX_AUTO_WORKERS, worker_count
 
 
-def _settings(tmp_path: Path, **changes: object) -> Settings:
+def _settings(tmp_path: Path, **changes: Any) -> Settings:
     return dataclasses.replace(Settings.defaults([tmp_path], {}), **changes)
 
 
