@@ -176,13 +176,15 @@ class _Connection:
         task.add_done_callback(lambda _: self._tasks.pop(number, None))
 
     async def _infer(self, number: int, packed: tuple[Any, ...]) -> None:
-        request = unpack_request(packed)
+        request = None
         try:
+            request = unpack_request(packed)
             response = await self._host._service.infer(request)
         except EdgedError as exc:
             self.protocol.send(("error", number, error_state(exc)))
         except asyncio.CancelledError:
-            request.cancel()
+            if request is not None:
+                request.cancel()
             raise
         except Exception:
             log.exception("unhandled error in a worker's inference")
@@ -191,15 +193,17 @@ class _Connection:
             self.protocol.send(("ok", number, pack_response(response)))
 
     async def _stream(self, number: int, packed: tuple[Any, ...]) -> None:
-        request = unpack_request(packed)
         send = self.protocol.send
+        request = None
         try:
+            request = unpack_request(packed)
             async for item in self._host._service.infer_stream(request):
                 send(("item", number, _item_state(item)))
         except EdgedError as exc:
             send(("error", number, error_state(exc)))
         except asyncio.CancelledError:
-            request.cancel()
+            if request is not None:
+                request.cancel()
             raise
         except Exception:
             log.exception("unhandled error in a worker's stream")

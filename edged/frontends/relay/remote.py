@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
@@ -86,7 +87,8 @@ class Relay:
             self.send((kind, number, payload))
             return await future
         except asyncio.CancelledError:
-            self.send(("cancel", number))
+            with contextlib.suppress(EdgedError):
+                self.send(("cancel", number))
             raise
         finally:
             self._waiting.pop(number, None)
@@ -201,6 +203,7 @@ class RelayApp:
         number = relay.number()
         replies = relay.open_stream(number)
         forwarding: asyncio.Task[None] | None = None
+        started = False
         try:
             relay.send(("http", number, {key: scope[key] for key in SCOPE_KEYS if key in scope}))
             forwarding = asyncio.ensure_future(self._forward_body(number, receive))
@@ -210,7 +213,16 @@ class RelayApp:
                     break
                 if message[0] == "error":
                     raise error_from(message[2])
+                started = True
                 await send(message[2])
+        except EdgedError as exc:
+            # The daemon went away (it is stopping, or restarting this worker): a plain 503, as a busy server's.
+            log.warning("a relayed HTTP request failed: %s", exc.message)
+            if not started:
+                body = json.dumps({"error": exc.message}).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({"type": "http.response.start", "status": 503, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
         finally:
             relay.close_stream(number)
             if forwarding is not None:
