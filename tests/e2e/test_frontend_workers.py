@@ -51,7 +51,8 @@ _Client = TypeVar("_Client")
 def worker_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("workers-repository")
     modelgen.write_add_sub(repo / "add_sub", max_batch_size=8, dims=16, dtype="FP32")
-    shutil.copytree(TESTDATA / "python_models" / "repeat_decoupled", repo / "repeat_decoupled")
+    for model in ("repeat_decoupled", "misbehave"):
+        shutil.copytree(TESTDATA / "python_models" / model, repo / model)
     return repo
 
 
@@ -369,6 +370,23 @@ def test_grpc_stream_of_a_decoupled_model_on_a_worker(grpc_worker: grpcclient.In
         np.testing.assert_array_equal(single.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
     finally:
         grpc_worker.stop_stream()
+
+
+def test_a_client_that_hangs_up_on_a_worker_cancels_its_request(workers_server: Server) -> None:
+    before = len(workers_server.log())
+    connection = _raw_on_a_worker(workers_server)
+    body = {"id": "w1", "inputs": [{"name": "MODE", "shape": [1], "datatype": "BYTES", "data": ["wait_cancel"]}]}
+    try:
+        connection.request("POST", "/v2/models/misbehave/infer", json.dumps(body), {"Content-Type": "application/json"})
+        time.sleep(0.5)
+    finally:
+        connection.close()
+    deadline = time.monotonic() + 30
+    while "request 'w1' cancelled:" not in workers_server.log()[before:]:
+        assert time.monotonic() < deadline, "the model never reported whether it saw the cancellation"
+        time.sleep(0.05)
+    # Without the cancellation passed on by the worker, the model would wait out its 10 s and log False.
+    assert "request 'w1' cancelled: True" in workers_server.log()[before:]
 
 
 # ------------------------------------------------------------------------------------------------------------
