@@ -390,6 +390,69 @@ def test_a_client_that_hangs_up_on_a_worker_cancels_its_request(workers_server: 
 
 
 # ------------------------------------------------------------------------------------------------------------
+# access
+
+
+def test_guarded_inference_on_a_worker_checks_the_daemons_tokens(small_repository: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edged",
+            "token",
+            "--state-dir",
+            str(state),
+            "create",
+            "--name",
+            "cam",
+            "--role",
+            "viewer",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    token = made.stdout.strip()
+    with run_server(
+        [small_repository],
+        f"--frontend-workers={WORKERS}",
+        "--guarded-apis=inference",
+        "--trust-loopback=false",
+        "--allow-console=false",
+        f"--state-dir={state}",
+    ) as server:
+        for protocol, port in (("http", server.http_port), ("grpc", server.grpc_port)):
+            if protocol == "http":
+                client, _ = on_a_worker(server, port, partial(_http_health, server), lambda c: c.close())
+                refused = _error(lambda c=client: c.infer("add_sub", add_sub_inputs()))
+                assert refused.status() == "401"
+                allowed = client.infer("add_sub", add_sub_inputs(), headers={"Authorization": f"Bearer {token}"})
+                np.testing.assert_array_equal(allowed.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+                bad = _error(
+                    lambda c=client: c.infer("add_sub", add_sub_inputs(), headers={"Authorization": "Bearer x"})
+                )
+                assert bad.status() == "401"
+            else:
+                client, _ = on_a_worker(server, port, partial(_grpc_connect, server), lambda c: c.close())
+                refused = _error(lambda c=client: c.infer("add_sub", grpc_add_sub_inputs()))
+                assert refused.status() == "StatusCode.UNAUTHENTICATED"
+                allowed = client.infer("add_sub", grpc_add_sub_inputs(), headers={"authorization": f"Bearer {token}"})
+                np.testing.assert_array_equal(allowed.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+            client.close()
+        # Refusals are logged where they happen, with the client's address.
+        assert "refused http request (inference) from 127.0.0.1" in server.log()
+
+
+def _http_health(server: Server) -> httpclient.InferenceServerClient:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30.0)
+    assert client.is_server_live()
+    return client
+
+
+# ------------------------------------------------------------------------------------------------------------
 # faults and life cycle
 
 
