@@ -424,24 +424,24 @@ def test_guarded_inference_on_a_worker_checks_the_daemons_tokens(small_repositor
         "--allow-console=false",
         f"--state-dir={state}",
     ) as server:
-        for protocol, port in (("http", server.http_port), ("grpc", server.grpc_port)):
-            if protocol == "http":
-                client, _ = on_a_worker(server, port, partial(_http_health, server), lambda c: c.close())
-                refused = _error(lambda c=client: c.infer("add_sub", add_sub_inputs()))
-                assert refused.status() == "401"
-                allowed = client.infer("add_sub", add_sub_inputs(), headers={"Authorization": f"Bearer {token}"})
-                np.testing.assert_array_equal(allowed.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
-                bad = _error(
-                    lambda c=client: c.infer("add_sub", add_sub_inputs(), headers={"Authorization": "Bearer x"})
-                )
-                assert bad.status() == "401"
-            else:
-                client, _ = on_a_worker(server, port, partial(_grpc_connect, server), lambda c: c.close())
-                refused = _error(lambda c=client: c.infer("add_sub", grpc_add_sub_inputs()))
-                assert refused.status() == "StatusCode.UNAUTHENTICATED"
-                allowed = client.infer("add_sub", grpc_add_sub_inputs(), headers={"authorization": f"Bearer {token}"})
-                np.testing.assert_array_equal(allowed.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
-            client.close()
+        http_client, _ = on_a_worker(server, server.http_port, partial(_http_health, server), lambda c: c.close())
+        try:
+            refused = _error(partial(http_client.infer, "add_sub", add_sub_inputs()))
+            assert refused.status() == "401"
+            allowed = http_client.infer("add_sub", add_sub_inputs(), headers={"Authorization": f"Bearer {token}"})
+            np.testing.assert_array_equal(allowed.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+            bad = _error(partial(http_client.infer, "add_sub", add_sub_inputs(), headers={"Authorization": "Bearer x"}))
+            assert bad.status() == "401"
+        finally:
+            http_client.close()
+        grpc_client, _ = on_a_worker(server, server.grpc_port, partial(_grpc_connect, server), lambda c: c.close())
+        try:
+            refused = _error(partial(grpc_client.infer, "add_sub", grpc_add_sub_inputs()))
+            assert refused.status() == "StatusCode.UNAUTHENTICATED"
+            allowed = grpc_client.infer("add_sub", grpc_add_sub_inputs(), headers={"authorization": f"Bearer {token}"})
+            np.testing.assert_array_equal(allowed.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+        finally:
+            grpc_client.close()
         # Refusals are logged where they happen, with the client's address.
         assert "refused http request (inference) from 127.0.0.1" in server.log()
 
