@@ -24,7 +24,6 @@ from edged.frontends.http import (
     HttpOptions,
     InferHttpProtocol,
     LimitedHttpProtocol,
-    create_http_app,
 )
 from edged.frontends.http.access import http_category
 from edged.frontends.metrics.endpoint import MetricsCollector, create_metrics_app
@@ -299,6 +298,8 @@ def http_endpoint(
     # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
     fast_infer = access.is_open(Category.INFERENCE, "http")
     protocol = InferHttpProtocol.serving(service, options, connection_limits(settings), refused, fast_infer=fast_infer)
+    from edged.frontends.http.routes import create_http_app  # Litestar: the daemon's, not a worker's
+
     app = AccessMiddleware(create_http_app(service, options, access, audit), access, "http", http_category)
     config = uvicorn_config(app, settings, protocol, tls)
     return UvicornEndpoint("the HTTP endpoint", config, sock)
