@@ -153,7 +153,10 @@ class OnnxRuntimeModel:
             session = _open_session(context, self._options, providers)
             if not self._instances and not added:
                 _check_io(config, context, session)
-            added.append(OnnxRuntimeInstance(placement, group.name, config, session))
+            instance = OnnxRuntimeInstance(placement, group.name, config, session)
+            if placement.kind == "CPU":
+                instance.cpu_share = _cpu_share(self._options)
+            added.append(instance)
         self._instances = kept + added
         self._config = config
         return added, unused
@@ -174,6 +177,8 @@ class OnnxRuntimeInstance:
         self._name = placement.name
         self.group = group
         self._session = session
+        # What the dynamic batcher counts (edged.core.backend_api.BackendInstance); a CPU instance sets its own.
+        self.cpu_share = 0.0
         self._model_name = config.name
         self._batching = config.max_batch_size > 0
         self._output_types = {o.name: WIRE_NAME_BY_CONFIG[o.data_type] for o in config.output}
@@ -356,6 +361,14 @@ def _open_session(context: LoadContext, options: ort.SessionOptions, providers: 
         raise EdgedError(
             ErrorCode.INVALID_ARG, f"onnx runtime error loading model '{context.model_name}': {detail}"
         ) from None
+
+
+def _cpu_share(options: ort.SessionOptions) -> float:
+    """The share of the cores one run of a CPU session keeps busy: its intra-op threads (by default one per core,
+    as ONNX Runtime and Triton start it) over the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) or 1
+    threads = options.intra_op_num_threads or cores
+    return min(1.0, threads / cores)
 
 
 def _session_options(config: ModelConfig) -> ort.SessionOptions:

@@ -72,7 +72,13 @@ class CustomMetricFamily:
 
 
 class BackendInstance(Protocol):
-    """One copy of a model on one device; executes one batch at a time."""
+    """One copy of a model on one device; executes one batch at a time.
+
+    An instance may also define ``cpu_share``: the share of the device's CPU cores (0 to 1) one execution keeps
+    busy, as an ONNX Runtime CPU session does with a thread per core. The dynamic batcher then starts no more
+    executions at once than the cores hold (edged.core.scheduling.dynamic); without it, an instance costs no CPU
+    the batcher needs to count (a GPU, a process of its own).
+    """
 
     @property
     def name(self) -> str: ...

@@ -5,6 +5,7 @@ daemon or a socket in between."""
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,31 @@ def test_a_request_that_does_not_fit_is_refused_before_it_is_queued(tmp_path: Pa
     assert isinstance(results[0], EdgedError) and "batch-size must be <= 8" in results[0].message
     assert isinstance(results[1], InferResponse)
     assert (stats.inference_count, stats.execution_count) == (1, 1)  # refused requests are not counted, as in Triton
+
+
+def test_two_cpu_instances_that_each_take_every_core_run_one_batch_at_a_time(tmp_path: Path) -> None:
+    # Eight requests at once on two instances: the first runs alone; the second instance, which would share the
+    # cores with it, waits, and the seven others meet in one batch when the first ends.
+    root = _repository(tmp_path, "dynamic_batching { }\ninstance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    results, stats = asyncio.run(_serve(root, [_request(float(v)) for v in range(8)]))
+    assert all(isinstance(r, InferResponse) for r in results)
+    assert (stats.inference_count, stats.execution_count) == (8, 2)
+    assert sorted(stats.batch_stats) == [1, 7]
+
+
+def test_cpu_instances_given_their_share_of_the_cores_run_side_by_side(tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // 2)
+    root = _repository(
+        tmp_path,
+        "dynamic_batching { }\ninstance_group [ { count: 2 kind: KIND_CPU } ]\n"
+        f'parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{threads}" }} }}\n',
+    )
+    results, stats = asyncio.run(_serve(root, [_request(float(v)) for v in range(8)]))
+    assert all(isinstance(r, InferResponse) for r in results)
+    if threads * 2 <= cores:
+        # Two batches of one start at once, the six others wait for the first instance that ends.
+        assert (stats.inference_count, stats.execution_count) == (8, 3)
+        assert sorted(stats.batch_stats) == [1, 6]
+    else:  # one core: each instance's one thread is the whole device
+        assert sorted(stats.batch_stats) == [1, 7]

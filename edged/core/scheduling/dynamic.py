@@ -17,7 +17,11 @@ are released in the order the requests arrived.
 Nothing here runs on a thread of its own: the batcher acts when a request arrives, when an execution ends, and when
 a timer it set (queue delay, request timeout) fires, all on the event loop. Executions run as the direct
 scheduler runs them (inline for tiny models, on the worker pool, or awaited for backends in another process), so
-two free instances run two batches at once.
+two free instances run two batches at once, as far as the cores hold them: an instance that keeps a share of the
+cores busy while it runs (``cpu_share``: an ONNX Runtime CPU session, a thread per core by default) starts only
+while the running executions leave it that share. Two such instances on the cores of one device would each run
+half as fast on a batch half the size, where waiting for the first lets the queue grow into one batch that runs at
+full speed; an instance whose session has ``intra_op_thread_count`` = cores / instances runs beside the others.
 """
 
 from __future__ import annotations
@@ -132,6 +136,8 @@ class DynamicBatcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._runner = BatchRunner(executor, config.name)
+        # The share of the cores the running executions keep busy (see the module's docstring).
+        self._cpu_busy = 0.0
 
     # --- requests ------------------------------------------------------------------------------------------------
 
@@ -196,6 +202,8 @@ class DynamicBatcher:
     def _schedule(self) -> None:
         """Start batches while an instance is free and a batch is ready; otherwise wake up when one may be."""
         while self._free and self._queued:
+            if self._cpu_busy > 0 and self._cpu_busy + _cpu_share(self._free[-1]) > 1.0 + 1e-9:
+                return  # the cores are taken: the queue grows into the next batch meanwhile
             batch, wait_ns = self._form_batch()
             if batch is None:
                 if wait_ns > 0:
@@ -319,6 +327,7 @@ class DynamicBatcher:
 
     def _start(self, instance: BackendInstance, batch: list[_Entry]) -> None:
         requests = [entry.request for entry in batch]
+        self._cpu_busy += _cpu_share(instance)
         started = time.monotonic_ns()
         timing = ExecutionTiming()
         results = self._runner.run(
@@ -337,6 +346,7 @@ class DynamicBatcher:
         *,
         reschedule: bool = True,
     ) -> None:
+        self._cpu_busy = max(0.0, self._cpu_busy - _cpu_share(instance))
         total = sum(entry.size for entry in batch)
         self._stats.record_execution(total, timing)
         now = time.monotonic_ns()
@@ -375,6 +385,11 @@ class DynamicBatcher:
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
+
+
+def _cpu_share(instance: BackendInstance) -> float:
+    share = getattr(instance, "cpu_share", 0.0)
+    return float(share) if isinstance(share, int | float) else 0.0
 
 
 def _log_prefix(request: InferRequest) -> str:
