@@ -110,6 +110,8 @@ class Core:
     audit: AuditLog | None = None
     # The state database (API tokens, which frontend workers look up through the daemon).
     store: StateStore | None = None
+    # Requests the access policy refused (frontend workers report theirs here too).
+    access_refused: Counter | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -192,7 +194,8 @@ class Core:
         refused = refusal_counter(registry)
         # Account and token actions, from the console, the HTTP API and the command line alike.
         audit = AuditLog(store) if store is not None else None
-        access = AccessPolicy(settings.access, TokenVerifier(store), counting(access_refusal_counter(registry)))
+        access_refused = access_refusal_counter(registry)
+        access = AccessPolicy(settings.access, TokenVerifier(store), counting(access_refused))
         return cls(
             executor,
             backends,
@@ -209,6 +212,7 @@ class Core:
             Accounts(store) if store is not None else None,
             audit,
             store,
+            access_refused,
         )
 
     def status(self, endpoints: str) -> str:
@@ -423,7 +427,10 @@ def _parts(
         yield console
     if workers is not None:
         ports = (sockets.http.getsockname()[1], settings.grpc_port)
-        yield WorkersPart(workers, settings, core.service, core.store, http.app, ports)
+        counters = {"http_refused": core.refused}
+        if core.access_refused is not None:
+            counters["access_refused"] = core.access_refused
+        yield WorkersPart(workers, settings, core.service, core.store, http.app, ports, counters)
     yield readiness
 
 

@@ -21,10 +21,11 @@ from edged.frontends.access import AccessMiddleware
 from edged.frontends.http import HttpOptions, InferHttpProtocol
 from edged.frontends.http.access import http_category
 from edged.frontends.http.infer import InferRoute
-from edged.frontends.relay.remote import Relay, RelayApp, RemoteService
+from edged.frontends.relay.remote import Relay, RelayApp, RelayedCounter, RemoteService
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp
+    from prometheus_client import Counter
 
     from edged.config.settings import Settings
     from edged.state.store import TokenRecord
@@ -71,14 +72,21 @@ async def serve(directory: Path, index: int, http_port: int, grpc_port: int) -> 
     settings: Settings = relay.blocking("settings")
     await relay.connect()
     remote = RemoteService(relay)
-    access = AccessPolicy(settings.access, TokenVerifier(_RemoteTokens(relay)))
+    # Refusals are counted by the daemon, whose /metrics reports them (a worker serves no metrics).
+    access_refused = RelayedCounter(relay, "access_refused")
+    access = AccessPolicy(
+        settings.access,
+        TokenVerifier(_RemoteTokens(relay)),
+        lambda wire, category, refusal: access_refused.labels(wire, category.value, refusal.value).inc(),
+    )
     options = HttpOptions(
         max_input_size=settings.http_max_input_size,
         max_json_depth=settings.http_max_json_depth,
         max_upload_size=settings.upload_max_bytes,
     )
     fast_infer = access.is_open(Category.INFERENCE, "http")
-    protocol = InferHttpProtocol.serving(remote, options, connection_limits(settings), fast_infer=fast_infer)
+    refused = cast("Counter", RelayedCounter(relay, "http_refused"))
+    protocol = InferHttpProtocol.serving(remote, options, connection_limits(settings), refused, fast_infer=fast_infer)
     relayed = RelayApp(relay)
     # The daemon's app answers what InferRoute passes on (a path it does not serve): typed as Litestar's ASGIApp.
     infer = AccessMiddleware(InferRoute(cast("ASGIApp", relayed), remote, options), access, "http", http_category)

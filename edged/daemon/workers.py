@@ -33,7 +33,9 @@ from edged.daemon.endpoints import StartupError
 from edged.frontends.relay.host import RelayHost
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
+
+    from prometheus_client import Counter
 
     from edged.config.settings import Settings
     from edged.core.service import InferenceService
@@ -107,11 +109,13 @@ class WorkersPart:
         store: StateStore | None,
         http_app: object,
         ports: tuple[int, int],
+        counters: Mapping[str, Counter],
     ) -> None:
+        """``counters``: the daemon's counters that workers add to, by the name they report them under."""
         self._plan = plan
         self._settings = settings
         self._ports = ports
-        self.host = RelayHost(plan.relay_socket, service, settings, _token_finder(store))
+        self.host = RelayHost(plan.relay_socket, service, settings, _token_finder(store), counters)
         self.host.http_app = http_app
         self._tasks: list[asyncio.Task[None]] = []
         self._processes: dict[int, subprocess.Popen[bytes]] = {}

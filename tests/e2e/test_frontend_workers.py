@@ -442,8 +442,25 @@ def test_guarded_inference_on_a_worker_checks_the_daemons_tokens(small_repositor
             np.testing.assert_array_equal(allowed.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
         finally:
             grpc_client.close()
-        # Refusals are logged where they happen, with the client's address.
+        # Refusals are logged where they happen, with the client's address, and counted on the daemon's /metrics.
         assert "refused http request (inference) from 127.0.0.1" in server.log()
+        wanted = {
+            'edged_access_refused_total{api="inference",endpoint="http",reason="unauthenticated"} 2.0',
+            'edged_access_refused_total{api="inference",endpoint="grpc",reason="unauthenticated"} 1.0',
+        }
+        deadline = time.monotonic() + 10
+        while not wanted <= set(_metrics(server).splitlines()):
+            assert time.monotonic() < deadline, _metrics(server)
+            time.sleep(0.1)
+
+
+def _metrics(server: Server) -> str:
+    connection = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        return connection.getresponse().read().decode()
+    finally:
+        connection.close()
 
 
 def _http_health(server: Server) -> httpclient.InferenceServerClient:

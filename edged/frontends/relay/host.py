@@ -11,6 +11,8 @@ Calls a worker sends, by their first item (edged.frontends.relay.wire):
 - ``token`` (n, id): an API token's record, for a worker that checks access to inference;
 - ``settings`` (n): the daemon's settings, which a worker serves with;
 - ``ready`` (n): the worker serves its ports;
+- ``count`` (0, counter, labels, amount): one of the daemon's counters (``counters``) goes up by what the worker
+  counted (a refused connection, a refused request), so /metrics counts every process; never answered;
 - ``http`` (n, scope) then ``body`` (n, message) as the client sends: an ASGI request the daemon's HTTP app
   answers with ``send`` (n, message) messages, then ``done``.
 
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from edged.errors import EdgedError, ErrorCode
@@ -62,11 +64,13 @@ class RelayHost:
         service: InferenceService,
         settings: Any,
         find_token: Callable[[str], Any],
+        counters: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = path
         self._service = service
         self._settings = settings
         self._find_token = find_token
+        self.counters = dict(counters or {})
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         # The daemon's HTTP app, which answers what a worker's HTTP clients ask besides inference.
@@ -142,6 +146,10 @@ class _Connection:
         elif kind == "http":
             self._bodies[number] = asyncio.Queue()
             self._start(number, self._http(number, message[2]))
+        elif kind == "count":
+            counter = self._host.counters.get(message[2])
+            if counter is not None:
+                counter.labels(*message[3]).inc(message[4])
         else:
             self._answer_now(number, kind, message)
 

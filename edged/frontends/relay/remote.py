@@ -126,6 +126,29 @@ class Relay:
         self.closed.set()
 
 
+class RelayedCounter:
+    """One of the daemon's counters as a worker adds to it: ``labels(...).inc()``, as prometheus_client's, each
+    increment sent to the daemon (edged.frontends.relay.host, ``count``)."""
+
+    def __init__(self, relay: Relay, name: str) -> None:
+        self._relay = relay
+        self._name = name
+
+    def labels(self, *values: str) -> _RelayedChild:
+        return _RelayedChild(self._relay, self._name, values)
+
+
+class _RelayedChild:
+    __slots__ = ("_name", "_relay", "_values")
+
+    def __init__(self, relay: Relay, name: str, values: tuple[str, ...]) -> None:
+        self._relay, self._name, self._values = relay, name, values
+
+    def inc(self, amount: float = 1) -> None:
+        with contextlib.suppress(EdgedError):  # the daemon is gone: nobody to count for
+            self._relay.send(("count", 0, self._name, self._values, amount))
+
+
 class RemoteService:
     """The inference path of edged.core.service.InferencePath, served by the daemon over ``relay``."""
 
