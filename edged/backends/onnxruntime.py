@@ -153,10 +153,7 @@ class OnnxRuntimeModel:
             session = _open_session(context, self._options, providers)
             if not self._instances and not added:
                 _check_io(config, context, session)
-            instance = OnnxRuntimeInstance(placement, group.name, config, session)
-            if placement.kind == "CPU":
-                instance.cpu_share = _cpu_share(self._options)
-            added.append(instance)
+            added.append(OnnxRuntimeInstance(placement, group.name, config, session))
         self._instances = kept + added
         self._config = config
         return added, unused
@@ -177,8 +174,8 @@ class OnnxRuntimeInstance:
         self._name = placement.name
         self.group = group
         self._session = session
-        # What the dynamic batcher counts (edged.core.backend_api.BackendInstance); a CPU instance sets its own.
-        self.cpu_share = 0.0
+        # What the dynamic batcher counts (edged.core.backend_api.BackendInstance): a GPU or NPU run keeps no core.
+        self.cpu_share = _cpu_share(session.get_session_options()) if placement.kind == "CPU" else 0.0
         self._model_name = config.name
         self._batching = config.max_batch_size > 0
         self._output_types = {o.name: WIRE_NAME_BY_CONFIG[o.data_type] for o in config.output}

@@ -20,7 +20,7 @@ from edged.errors import EdgedError
 from edged.frontends.access import AccessMiddleware
 from edged.frontends.http import HttpOptions, InferHttpProtocol
 from edged.frontends.http.access import http_category
-from edged.frontends.http.infer import InferRoute
+from edged.frontends.http.infer import INFER_PATH, InferRoute
 from edged.frontends.relay.remote import Relay, RelayApp, RelayedCounter, RemoteService
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class _Split:
         self._relay = relay
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and InferRoute._PATH.fullmatch(scope["path"]):
+        if scope["type"] == "http" and INFER_PATH.fullmatch(scope["path"]):
             await self._infer(scope, receive, send)
         else:
             await self._relay(scope, receive, send)

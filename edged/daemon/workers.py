@@ -153,7 +153,6 @@ class WorkersPart:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.host.stop()
-        self._plan.remove()
 
     async def _keep(self, index: int) -> None:
         delay = RESTART_DELAY_S

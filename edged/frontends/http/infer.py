@@ -57,6 +57,10 @@ class HttpOptions:
     max_upload_size: int = 2 * 1024**3
 
 
+# ``POST /v2/models/{model}[/versions/{version}]/infer``, as ASGI gives the path (decoded).
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+
 @dataclass(slots=True)
 class Reply:
     status: int
@@ -127,8 +131,6 @@ class InferRoute:
     other path goes to the Litestar app.
     """
 
-    _PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
-
     def __init__(self, app: ASGIApp, service: InferencePath, options: HttpOptions) -> None:
         self._app = app
         self._service = service
@@ -142,7 +144,7 @@ class InferRoute:
                 # Triton's routes are full matches: "/v2/" is not "/v2".
                 await _send(send, 404, error_body("Not Found"), _JSON)
                 return
-            match = self._PATH.fullmatch(scope["path"])
+            match = INFER_PATH.fullmatch(scope["path"])
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2))
                 return

@@ -131,10 +131,8 @@ class _Connection:
 
     def _received(self, message: Message) -> None:
         kind, number = message[0], message[1]
-        if kind == "infer":
-            self._start(number, self._infer(number, message[2]))
-        elif kind == "stream":
-            self._start(number, self._stream(number, message[2]))
+        if kind in ("infer", "stream"):
+            self._start(number, self._infer(number, message[2], stream=kind == "stream"))
         elif kind == "cancel":
             task = self._tasks.get(number)
             if task is not None:
@@ -183,30 +181,18 @@ class _Connection:
         self._tasks[number] = task
         task.add_done_callback(lambda _: self._tasks.pop(number, None))
 
-    async def _infer(self, number: int, packed: tuple[Any, ...]) -> None:
-        request = None
-        try:
-            request = unpack_request(packed)
-            response = await self._host._service.infer(request)
-        except EdgedError as exc:
-            self.protocol.send(("error", number, error_state(exc)))
-        except asyncio.CancelledError:
-            if request is not None:
-                request.cancel()
-            raise
-        except Exception:
-            log.exception("unhandled error in a worker's inference")
-            self.protocol.send(("error", number, (ErrorCode.INTERNAL.value, "internal error")))
-        else:
-            self.protocol.send(("ok", number, pack_response(response)))
-
-    async def _stream(self, number: int, packed: tuple[Any, ...]) -> None:
+    async def _infer(self, number: int, packed: tuple[Any, ...], *, stream: bool) -> None:
+        """One request: its response (``ok``), or each of its responses in turn (``item``), or an ``error``."""
         send = self.protocol.send
+        service = self._host._service
         request = None
         try:
             request = unpack_request(packed)
-            async for item in self._host._service.infer_stream(request):
-                send(("item", number, _item_state(item)))
+            if stream:
+                async for item in service.infer_stream(request):
+                    send(("item", number, _item_state(item)))
+            else:
+                send(("ok", number, pack_response(await service.infer(request))))
         except EdgedError as exc:
             send(("error", number, error_state(exc)))
         except asyncio.CancelledError:
@@ -214,7 +200,7 @@ class _Connection:
                 request.cancel()
             raise
         except Exception:
-            log.exception("unhandled error in a worker's stream")
+            log.exception("unhandled error in a worker's %s", "stream" if stream else "inference")
             send(("error", number, (ErrorCode.INTERNAL.value, "internal error")))
 
     async def _http(self, number: int, scope: dict[str, Any]) -> None:

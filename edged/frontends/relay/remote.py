@@ -252,13 +252,9 @@ class RelayApp:
                 forwarding.cancel()
 
     async def _forward_body(self, number: int, receive: Any) -> None:
+        # The body as it arrives, then the disconnect that follows it (the daemon's app may wait for one).
         while True:
             message = await receive()
             self._relay.send(("body", number, message))
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                # After the body, only a disconnect can follow; the daemon's app waits for it if it cares.
-                if message["type"] == "http.disconnect":
-                    return
-                message = await receive()
-                self._relay.send(("body", number, message))
+            if message["type"] == "http.disconnect":
                 return
