@@ -18,7 +18,7 @@ import uvicorn
 
 from edged.core.access import AccessPolicy, Category
 from edged.frontends.access import AccessMiddleware
-from edged.frontends.grpc import GrpcOptions, GrpcServer
+from edged.frontends.grpc import GrpcOptions, GrpcServer, inference_methods
 from edged.frontends.http import (
     ConnectionLimits,
     HttpOptions,
@@ -379,27 +379,15 @@ class GrpcEndpoint:
 
     async def start(self) -> None:
         settings = self._settings
-        if self._relay_socket is not None and settings.grpc_port != 0:
-            # grpc binds the shared port itself: first make sure nobody else holds it.
-            bind_socket("gRPC", settings.grpc_address, settings.grpc_port).close()
-        try:
-            credentials = self._tls.credentials if self._tls is not None else None
-            self.server = GrpcServer(
-                self._service,
-                settings.grpc_address,
-                settings.grpc_port,
-                grpc_options(settings),
-                credentials,
-                self._access,
-                self._relay_socket,
-            )
-        except RuntimeError as exc:
-            # grpc's own text ("Failed to bind to address ...") names the address; there is no more to say.
-            raise StartupError(f"the gRPC endpoint failed to start: {exc}") from None
+        options = grpc_options(settings)
+        sock = bind_socket("gRPC", settings.grpc_address, settings.grpc_port, share_port=self._relay_socket is not None)
+        table, servicer = inference_methods(self._service, options, self._access)
+        tls = self._tls.context if self._tls is not None else None
+        self.server = GrpcServer(table, sock, options, tls, self._relay_socket, servicer)
         await self.server.start()
 
     def stopping(self) -> None:
-        pass  # grpc.aio refuses new calls as its stop begins, in stop()
+        pass  # new calls are refused as the stop begins, in stop()
 
     async def stop(self) -> None:
         # New calls are refused at once; open streams answer what they read, within the exit timeout.

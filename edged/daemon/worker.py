@@ -96,9 +96,8 @@ async def serve(directory: Path, index: int, http_port: int, grpc_port: int) -> 
     if settings.allow_grpc:
         from edged.frontends.grpc.relay import RelayingServer
 
-        grpc_server = RelayingServer(
-            remote, settings.grpc_address, grpc_port, grpc_options(settings), access, str(directory / GRPC_SOCKET)
-        )
+        grpc_sock = bind_socket("gRPC", settings.grpc_address, grpc_port, share_port=True, worker=True)
+        grpc_server = RelayingServer(remote, grpc_sock, grpc_options(settings), access, str(directory / GRPC_SOCKET))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

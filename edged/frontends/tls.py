@@ -1,5 +1,5 @@
-"""The one place TLS is set up, for every endpoint: the HTTP and metrics servers get an ``ssl.SSLContext``, the gRPC
-server grpc's ``ServerCredentials``, both from the same files, checked the same way.
+"""The one place TLS is set up, for every endpoint: each gets an ``ssl.SSLContext`` (the gRPC endpoint's also offers
+HTTP/2 by ALPN), from its files, checked the same way.
 
 A server certificate and its key are always given together; a client CA makes TLS mutual (a client without a
 certificate signed by it is refused during the handshake). TLS 1.2 is the oldest version accepted. Every problem
@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import re
 import ssl
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
-
-import grpc
 
 
 class TlsError(Exception):
@@ -66,28 +63,6 @@ def http_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
-def grpc_credentials(files: TlsFiles) -> grpc.ServerCredentials:
-    """Credentials for ``server.add_secure_port``, fixed for the server's life (GrpcTls's can be rotated)."""
-    key, cert, root = _checked_pem(files)
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=root, require_client_auth=root is not None)
-
-
-def _checked_pem(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
-    """The key, certificate and client CA, as grpc takes them, checked with the standard library first (grpc would
-    only find a mismatch in a client's handshake). Read before and after the check, so that what grpc gets is what
-    was checked, even while a renewal is writing the files."""
-    before = _read_pem(files)
-    http_context(files)
-    pem = _read_pem(files)
-    if pem != before:
-        raise TlsError(f"TLS files {files.cert} and {files.key} changed while being read: reload once they are written")
-    return pem
-
-
-def _read_pem(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
-    return _read(files.key), _read(files.cert), _read(files.client_ca) if files.client_ca is not None else None
-
-
 def _read(path: Path) -> bytes:
     try:
         data = path.read_bytes()
@@ -110,7 +85,7 @@ class HttpTls:
 
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
-        self.context = http_context(files)
+        self.context = self._build(files)
         self._current = self.context
         self.context.sni_callback = self._select
 
@@ -119,8 +94,11 @@ class HttpTls:
         used. Whether clients must present a certificate is the start's: it is set on the listening context."""
         if (files.client_ca is None) != (self.files.client_ca is None):
             raise TlsError("mutual TLS cannot be turned on or off by a reload: restart edged to change it")
-        self._current = http_context(files)
+        self._current = self._build(files)
         self.files = files
+
+    def _build(self, files: TlsFiles) -> ssl.SSLContext:
+        return http_context(files)
 
     def _select(self, connection: ssl.SSLObject | ssl.SSLSocket, _name: str | None, given: ssl.SSLContext) -> None:
         current = self._current
@@ -128,37 +106,13 @@ class HttpTls:
             connection.context = current
 
 
-class GrpcTls:
-    """Server credentials for the gRPC endpoint whose certificate can be replaced while it serves: grpc asks the
-    fetcher for a new configuration before each new connection's handshake, and ``rotate`` leaves one there."""
+class GrpcTls(HttpTls):
+    """As HttpTls, for the gRPC endpoint: every context also offers HTTP/2 by ALPN, which gRPC clients require."""
 
-    def __init__(self, files: TlsFiles) -> None:
-        self.files = files
-        self._lock = threading.Lock()
-        self._pending: grpc.ServerCertificateConfiguration | None = None
-        self.credentials = grpc.dynamic_ssl_server_credentials(
-            _grpc_configuration(files), self._fetch, require_client_authentication=files.client_ca is not None
-        )
-
-    def rotate(self, files: TlsFiles) -> None:
-        """As HttpTls.rotate."""
-        if (files.client_ca is None) != (self.files.client_ca is None):
-            raise TlsError("mutual TLS cannot be turned on or off by a reload: restart edged to change it")
-        configuration = _grpc_configuration(files)
-        with self._lock:
-            self._pending = configuration
-        self.files = files
-
-    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        # Called by grpc's threads for every new connection: None keeps the configuration it has.
-        with self._lock:
-            pending, self._pending = self._pending, None
-        return pending
-
-
-def _grpc_configuration(files: TlsFiles) -> grpc.ServerCertificateConfiguration:
-    key, cert, root = _checked_pem(files)
-    return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=root)
+    def _build(self, files: TlsFiles) -> ssl.SSLContext:
+        context = http_context(files)
+        context.set_alpn_protocols(["h2"])
+        return context
 
 
 # --- the peer's identity ------------------------------------------------------------------------------------
@@ -206,15 +160,21 @@ def peer_identity_http(scope_or_transport: Mapping[str, Any] | Any) -> str | Non
         tls = scope_or_transport.get("extensions", {}).get("tls")
         name = tls.get("client_cert_name") if tls else None
         return _common_name_of(name) if name else None
+    return peer_identity_transport(scope_or_transport)
+
+
+def peer_identity_transport(transport: Any) -> str | None:
+    """The common name (CN) of the client certificate verified on an asyncio transport; None for a plain
+    connection or a client that presented none."""
     try:
-        connection = scope_or_transport.get_extra_info("ssl_object")
+        connection = transport.get_extra_info("ssl_object")
     except AttributeError:  # asyncio's TLS transport, once its connection is lost, has nothing to say
         return None
     peer = connection.getpeercert() if connection is not None else None
     return _common_name(peer["subject"]) if peer else None
 
 
-def peer_identity_grpc(context: grpc.aio.ServicerContext[Any, Any] | grpc.ServicerContext) -> str | None:
+def peer_identity_grpc(context: Any) -> str | None:
     """The common name (CN) of the client certificate verified on a gRPC call's connection; None without one."""
     names = context.auth_context().get("x509_common_name")
     return names[0].decode("utf-8", "replace") if names else None

@@ -5,6 +5,7 @@ peer's identity as real HTTP (uvicorn with edged's protocol) and gRPC servers in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import socket
 import ssl
@@ -17,13 +18,14 @@ import pytest
 import trustme
 import uvicorn
 
+from edged.frontends.grpc.calls import Call, Limits, Method
+from edged.frontends.grpc.http2 import Http2Connection, Stream
 from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
 from edged.frontends.tls import (
     GrpcTls,
     HttpTls,
     TlsError,
     TlsFiles,
-    grpc_credentials,
     http_context,
     peer_identity_grpc,
     peer_identity_http,
@@ -101,12 +103,29 @@ def test_bad_files_are_named(pki: tuple[trustme.CA, TlsFiles], tmp_path: Path) -
         with pytest.raises(TlsError, match=why):
             http_context(bad)
         with pytest.raises(TlsError, match=why):
-            grpc_credentials(bad)
+            GrpcTls(bad)
 
 
-def test_grpc_credentials_from_the_same_files(pki: tuple[trustme.CA, TlsFiles]) -> None:
-    _, files = pki
-    assert isinstance(grpc_credentials(files), grpc.ServerCredentials)
+def test_the_grpc_context_offers_http2_before_and_after_a_rotation(pki: tuple[trustme.CA, TlsFiles]) -> None:
+    # gRPC clients refuse a server that does not select h2 by ALPN.
+    ca, files = pki
+    tls = GrpcTls(files)
+    for _ in range(2):
+        client = ssl.create_default_context()
+        ca.configure_trust(client)
+        client.set_alpn_protocols(["h2"])
+        to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+        server_side = tls.context.wrap_bio(to_server, to_client, server_side=True)
+        from_server, from_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+        client_side = client.wrap_bio(from_server, from_client, server_hostname="edged.local")
+        for _ in range(10):
+            for side in (client_side, server_side):
+                with contextlib.suppress(ssl.SSLWantReadError):
+                    side.do_handshake()
+            to_server.write(from_client.read())
+            from_server.write(to_client.read())
+        assert client_side.selected_alpn_protocol() == "h2"
+        tls.rotate(files)
 
 
 # --- the peer's identity, through real servers --------------------------------------------------------------
@@ -183,15 +202,29 @@ def test_the_http_peer_identity_is_the_verified_certificates_common_name(
     assert asyncio.run(_who_over_http(HttpTls(files), ca, device)) == ["None", "None"]
 
 
-async def _who_over_grpc(tls: GrpcTls, ca: trustme.CA, client_cert: tuple[Path, Path] | None) -> str:
-    async def who(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
-        return str(peer_identity_grpc(context)).encode()
+class _Reply(bytes):
+    def SerializeToString(self) -> bytes:
+        return bytes(self)
 
-    server = grpc.aio.server()
-    handler = grpc.unary_unary_rpc_method_handler(who)
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Peer", {"Who": handler})])
-    port = server.add_secure_port("127.0.0.1:0", tls.credentials)
-    await server.start()
+
+async def _who_over_grpc(tls: GrpcTls, ca: trustme.CA, client_cert: tuple[Path, Path] | None) -> str:
+    """What a call's context says of the peer, on edged's HTTP/2 and gRPC call layers behind the endpoint's TLS."""
+
+    async def who(request: bytes, context: Call) -> _Reply:
+        return _Reply(str(peer_identity_grpc(context)).encode())
+
+    method = Method(bytes, who, streaming=False)
+    limits = Limits(1 << 20)
+
+    def on_stream(stream: Stream, headers: list[tuple[bytes, bytes]]) -> Call:
+        return Call(stream, method, headers, "ipv4:127.0.0.1:1", limits, None, None)
+
+    def connection() -> Http2Connection:
+        return Http2Connection(on_stream, lambda _c: True, lambda _c: None, 10.0, 10.0)
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(connection, "127.0.0.1", 0, ssl=tls.context)
+    port = server.sockets[0].getsockname()[1]
     credentials = grpc.ssl_channel_credentials(
         root_certificates=ca.cert_pem.bytes(),
         private_key=client_cert[1].read_bytes() if client_cert else None,
@@ -203,7 +236,7 @@ async def _who_over_grpc(tls: GrpcTls, ca: trustme.CA, client_cert: tuple[Path, 
         async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options) as channel:
             reply = await channel.unary_unary("/test.Peer/Who")(b"", timeout=10)
     finally:
-        await server.stop(None)
+        server.close()
     assert isinstance(reply, bytes)
     return reply.decode()
 

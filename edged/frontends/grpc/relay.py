@@ -8,17 +8,20 @@ The worker shares the daemon's port (SO_REUSEPORT): the kernel gives each new co
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, cast
+import socket
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final, cast
 
 import grpc
 
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, RELAYED_PEER, guard
-from edged.frontends.grpc.service import GrpcOptions, InferenceServicer, bind_address, server_options
+from edged.frontends.grpc.calls import Call, Method, methods
+from edged.frontends.grpc.server import GrpcServer
+from edged.frontends.grpc.service import GrpcOptions, InferenceServicer
 from edged.proto import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
-    from edged.core.access import AccessPolicy, Category
+    from edged.core.access import AccessPolicy
     from edged.core.service import InferencePath, InferenceService
 
 _INFERENCE: Final = "inference.GRPCInferenceService"
@@ -30,19 +33,16 @@ _TRANSPORT_KEYS: Final = frozenset({"user-agent", "te", "content-type", "authori
 
 
 class RelayingServer:
-    """A grpc.aio server on ``address:port``, beside the daemon's."""
+    """The worker's gRPC endpoint on its socket, which shares the daemon's port."""
 
     def __init__(
         self,
         service: InferencePath,
-        address: str,
-        port: int,
+        sock: socket.socket,
         options: GrpcOptions,
         access: AccessPolicy,
         daemon_socket: str,
     ) -> None:
-        self._options = options
-        self._server = grpc.aio.server(options=server_options(options, share_port=True))
         self._daemon = grpc.aio.insecure_channel(
             f"unix:{daemon_socket}",
             options=[
@@ -50,46 +50,25 @@ class RelayingServer:
                 ("grpc.max_send_message_length", options.max_message_size),
             ],
         )
-        # Only the inference RPCs of the servicer are ever registered, and they call nothing but the inference path.
-        self._servicer = InferenceServicer(cast("InferenceService", service), options.max_queued_stream_bytes)
-        guard(self._servicer, access, {name: INFERENCE_SERVICE[name] for name in _LOCAL})
-        handlers: dict[str, grpc.RpcMethodHandler] = {
-            "ModelInfer": grpc.unary_unary_rpc_method_handler(
-                self._servicer.ModelInfer,
-                request_deserializer=pb.ModelInferRequest.FromString,
-                response_serializer=pb.ModelInferResponse.SerializeToString,
-            ),
-            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
-                self._servicer.ModelStreamInfer,
-                request_deserializer=pb.ModelInferRequest.FromString,
-                response_serializer=pb.ModelStreamInferResponse.SerializeToString,
-            ),
-        }
-        handlers |= self._relayed(_INFERENCE, INFERENCE_SERVICE, skip=_LOCAL)
-        self._server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(_INFERENCE, handlers),
-                grpc.method_handlers_generic_handler(_HEALTH, self._relayed(_HEALTH, HEALTH_SERVICE, skip=frozenset())),
-            )
-        )
-        self._server.add_insecure_port(bind_address(address, port))
+        # Only the inference RPCs of the servicer are ever served, and they call nothing but the inference path.
+        servicer = InferenceServicer(cast("InferenceService", service), options.max_queued_stream_bytes)
+        guard(servicer, access, {name: INFERENCE_SERVICE[name] for name in _LOCAL})
+        served = methods([(servicer, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"])])
+        table = {path: method for path, method in served.items() if path.rpartition(b"/")[2].decode() in _LOCAL}
+        for service_name, names in ((_INFERENCE, INFERENCE_SERVICE), (_HEALTH, HEALTH_SERVICE)):
+            for name in names:
+                if name not in _LOCAL:
+                    path = f"/{service_name}/{name}"
+                    table[path.encode()] = Method(bytes, self._relay(path), streaming=False)
+        self._server = GrpcServer(table, sock, options, servicer=servicer)
 
-    def _relayed(
-        self, service: str, methods: Mapping[str, Category], skip: frozenset[str]
-    ) -> dict[str, grpc.RpcMethodHandler]:
-        return {
-            name: grpc.unary_unary_rpc_method_handler(self._relay(f"/{service}/{name}"))
-            for name in methods
-            if name not in skip
-        }
-
-    def _relay(self, method: str) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]:
+    def _relay(self, method: str) -> Callable[[bytes, Call], Awaitable[bytes]]:
         call = self._daemon.unary_unary(method)
 
-        async def relayed(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        async def relayed(request: bytes, context: Call) -> bytes:
             metadata = [
                 (key, value)
-                for key, value in context.invocation_metadata() or ()
+                for key, value in context.invocation_metadata()
                 if key not in _TRANSPORT_KEYS and not key.startswith(("grpc-", ":")) and key != RELAYED_PEER
             ]
             metadata.append((RELAYED_PEER, context.peer()))
@@ -105,6 +84,5 @@ class RelayingServer:
         await self._server.start()
 
     async def stop(self) -> None:
-        self._servicer.close_streams()
-        await self._server.stop(self._options.shutdown_grace_s)
+        await self._server.stop()
         await self._daemon.close()

@@ -30,7 +30,6 @@ import grpc
 
 from edged.errors import EdgedError, ErrorCode, invalid_arg, unavailable, unsupported
 from edged.frontends import kserve
-from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
 from edged.frontends.grpc.codec import (
     ENABLE_EMPTY_FINAL_RESPONSE,
     FINAL_RESPONSE,
@@ -45,7 +44,6 @@ from edged.proto import grpc_service_pb2_grpc as pb_grpc
 from edged.proto import health_pb2, health_pb2_grpc
 
 if TYPE_CHECKING:
-    from edged.core.access import AccessPolicy
     from edged.core.request.inference import StreamResponse
     from edged.core.service import InferenceService, ModelHandle
 
@@ -508,67 +506,3 @@ def _grpc_error_mode(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
         if key == _GRPC_ERROR_KEY:
             return str(value).strip().lower() == "true"
     return False
-
-
-def bind_address(address: str, port: int) -> str:
-    # IPv6 literals need brackets in a gRPC target ("[::]:8001").
-    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    return f"{host}:{port}"
-
-
-def server_options(options: GrpcOptions, *, share_port: bool) -> list[tuple[str, int]]:
-    """grpc.aio's server options for the endpoint. ``share_port``: the daemon and its frontend workers listen on
-    the port together (SO_REUSEPORT), and the kernel spreads the connections among them."""
-    return [
-        ("grpc.max_receive_message_length", options.max_message_size),
-        ("grpc.max_send_message_length", options.max_message_size),
-        # Past this many connections a new one is closed at once; a connection must finish its HTTP/2
-        # handshake in time, and one without calls for the idle timeout is sent GOAWAY.
-        ("grpc.max_allowed_incoming_connections", options.max_connections),
-        ("grpc.server_handshake_timeout_ms", round(options.handshake_timeout_s * 1000)),
-        ("grpc.max_connection_idle_ms", round(options.idle_timeout_s * 1000)),
-        # Otherwise one daemon per port: a second one must fail to bind, not share the port silently.
-        ("grpc.so_reuseport", 1 if share_port else 0),
-    ]
-
-
-class GrpcServer:
-    """The gRPC endpoint: both services on one grpc.aio server, on the running event loop."""
-
-    def __init__(
-        self,
-        service: InferenceService,
-        address: str,
-        port: int,
-        options: GrpcOptions,
-        credentials: grpc.ServerCredentials | None = None,
-        access: AccessPolicy | None = None,
-        relay_socket: str | None = None,
-    ) -> None:
-        """Binds the address, over TLS when given ``credentials``; raises RuntimeError when it cannot be bound.
-        ``access``: the policy every RPC passes. ``relay_socket``: also serve on this Unix socket, for the calls
-        frontend workers relay (edged.frontends.grpc.relay); the port is then shared with them."""
-        self.address = bind_address(address, port)
-        self._options = options
-        self._server = grpc.aio.server(options=server_options(options, share_port=relay_socket is not None))
-        self._servicer = InferenceServicer(service, options.max_queued_stream_bytes)
-        health = HealthServicer(service)
-        if access is not None:
-            guard(self._servicer, access, INFERENCE_SERVICE)
-            guard(health, access, HEALTH_SERVICE)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(health, self._server)
-        if credentials is None:
-            self._server.add_insecure_port(self.address)
-        else:
-            self._server.add_secure_port(self.address, credentials)
-        if relay_socket is not None:
-            self._server.add_insecure_port(f"unix:{relay_socket}")
-
-    async def start(self) -> None:
-        await self._server.start()
-
-    async def stop(self) -> None:
-        """New calls are refused at once; calls in flight get the grace period, then are cancelled."""
-        self._servicer.close_streams()
-        await self._server.stop(self._options.shutdown_grace_s)

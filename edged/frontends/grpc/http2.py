@@ -1,0 +1,683 @@
+"""HTTP/2 (RFC 9113) for the gRPC endpoint, on the event loop: one ``Http2Connection`` protocol per connection.
+
+Why not grpc.aio: its server spends 300-400 µs of CPU per unary call on this class of device, in grpc's own
+threads and their hand-offs to the event loop, which is two to three times what Triton's C++ server spends on the
+whole call. HTTP/2 as gRPC uses it is small: a request is a HEADERS frame and DATA, a reply HEADERS, DATA and
+trailers. This module does the framing, flow control and stream life cycle; header blocks are coded with
+``hpack`` (the HPACK library of the python-hyper project); the gRPC layer (edged.frontends.grpc.calls) sees
+streams.
+
+What a peer can do to the daemon is bounded here: the header block size and the header list size, streams open at
+once (more are refused with REFUSED_STREAM), the receive windows, and every frame's length and shape (a malformed
+one ends the connection with GOAWAY and the RFC's error code). Replies respect the client's flow control windows
+and frame size, and wait for the transport to drain.
+
+Header blocks the server sends never use the HPACK dynamic table (literals without indexing and the static
+table), so they are constant bytes for the common replies. Decoded request blocks are remembered while the
+decoder's table is unchanged: a client's calls repeat byte-identical blocks once its own table is warm, and the
+HPACK decoder in Python is a large part of a small call's cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any, Final, Protocol, cast
+
+import hpack
+
+log = logging.getLogger(__name__)
+
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA: Final = 0x0
+HEADERS: Final = 0x1
+PRIORITY: Final = 0x2
+RST_STREAM: Final = 0x3
+SETTINGS: Final = 0x4
+PUSH_PROMISE: Final = 0x5
+PING: Final = 0x6
+GOAWAY: Final = 0x7
+WINDOW_UPDATE: Final = 0x8
+CONTINUATION: Final = 0x9
+
+FLAG_END_STREAM: Final = 0x1
+FLAG_ACK: Final = 0x1
+FLAG_END_HEADERS: Final = 0x4
+FLAG_PADDED: Final = 0x8
+FLAG_PRIORITY: Final = 0x20
+
+NO_ERROR: Final = 0x0
+PROTOCOL_ERROR: Final = 0x1
+INTERNAL_ERROR: Final = 0x2
+FLOW_CONTROL_ERROR: Final = 0x3
+STREAM_CLOSED: Final = 0x5
+FRAME_SIZE_ERROR: Final = 0x6
+REFUSED_STREAM: Final = 0x7
+CANCEL: Final = 0x8
+COMPRESSION_ERROR: Final = 0x9
+ENHANCE_YOUR_CALM: Final = 0xB
+
+_SETTINGS_HEADER_TABLE_SIZE: Final = 0x1
+_SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
+_SETTINGS_INITIAL_WINDOW_SIZE: Final = 0x4
+_SETTINGS_MAX_FRAME_SIZE: Final = 0x5
+_SETTINGS_MAX_HEADER_LIST_SIZE: Final = 0x6
+
+MAX_WINDOW: Final = 2**31 - 1
+DEFAULT_WINDOW: Final = 65535
+DEFAULT_MAX_FRAME: Final = 16384
+# What this server announces. Frames up to 1 MiB keep large tensors to few frames; the windows let a client send a
+# few MiB before the first acknowledgement, so one round trip does not bound a large request.
+MAX_FRAME: Final = 1 << 20
+STREAM_WINDOW: Final = 4 << 20
+CONNECTION_WINDOW: Final = 16 << 20
+MAX_STREAMS: Final = 256
+# The most bytes of decoded header names and values a request may have, and of its encoded header block.
+MAX_HEADER_LIST: Final = 64 << 10
+_HEADER_TABLE: Final = 4096
+_CACHED_BLOCKS: Final = 64
+
+_FRAME_HEADER: Final = struct.Struct(">BHBBL")  # the 24-bit length as a byte and a short, then type, flags, stream
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    size = len(payload)
+    return _FRAME_HEADER.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
+
+
+def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A header block of literals without indexing (RFC 7541 6.2.2), so that no dynamic table state is needed;
+    ``:status: 200`` is the static table's entry 8."""
+    parts = []
+    for name, value in headers:
+        if name == b":status" and value == b"200":
+            parts.append(b"\x88")
+        else:
+            parts.append(b"\x00" + _string(name) + _string(value))
+    return b"".join(parts)
+
+
+def _string(data: bytes) -> bytes:
+    size = len(data)
+    if size < 127:
+        return bytes((size,)) + data
+    size -= 127
+    prefix = bytearray(b"\x7f")
+    while size >= 128:
+        prefix.append((size & 0x7F) | 0x80)
+        size >>= 7
+    prefix.append(size)
+    return bytes(prefix) + data
+
+
+class ProtocolError(Exception):
+    """The peer broke HTTP/2: the connection ends with GOAWAY and this code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class StreamHandler(Protocol):
+    """What a stream's request reaches: the gRPC call on it."""
+
+    def data(self, chunk: bytes) -> None: ...
+
+    def end(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class Stream:
+    """One request and its reply. ``open_remote``: the client may still send; ``open_local``: the server may."""
+
+    __slots__ = (
+        "connection",
+        "handler",
+        "id",
+        "open_local",
+        "open_remote",
+        "recv_window",
+        "send_window",
+        "window_opened",
+    )
+
+    def __init__(self, connection: Http2Connection, stream_id: int, send_window: int) -> None:
+        self.connection = connection
+        self.id = stream_id
+        self.send_window = send_window
+        self.recv_window = STREAM_WINDOW
+        self.open_local = True
+        self.open_remote = True
+        self.handler: StreamHandler | None = None
+        self.window_opened: asyncio.Event | None = None
+
+    def acknowledge(self, size: int) -> None:
+        """The handler has taken ``size`` bytes of DATA: the client may send that many more on this stream."""
+        if size > 0 and self.open_remote:
+            self.recv_window += size
+            self.connection.write(frame(WINDOW_UPDATE, 0, self.id, size.to_bytes(4, "big")))
+
+    def reply(self, headers: bytes, body: bytes, trailers: bytes) -> bool:
+        """Headers, one DATA frame and the trailers in one write, when the windows allow; False when they do not
+        (then ``send_data`` waits for them)."""
+        connection = self.connection
+        size = len(body)
+        if (
+            not self.open_local
+            or size > self.send_window
+            or size > connection.send_window
+            or size > connection.peer_max_frame
+            or connection.writing_paused
+            or connection.closed
+        ):
+            return False
+        self.send_window -= size
+        connection.send_window -= size
+        connection.write(
+            frame(HEADERS, FLAG_END_HEADERS, self.id, headers)
+            + frame(DATA, 0, self.id, body)
+            + frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, self.id, trailers)
+        )
+        connection.close_local(self)
+        return True
+
+    def send_headers(self, block: bytes, *, end_stream: bool = False) -> None:
+        if not self.open_local or self.connection.closed:
+            return
+        self.connection.write_headers(self.id, block, end_stream)
+        if end_stream:
+            self.connection.close_local(self)
+
+    async def send_data(self, data: bytes) -> None:
+        """Writes ``data`` within the client's windows and frame size, waiting for them and for the transport;
+        returns early, without error, once the stream or the connection is gone."""
+        connection = self.connection
+        view = memoryview(data)
+        while view:
+            if not self.open_local or connection.closed:
+                return
+            if connection.writing_paused:
+                await connection.drained()
+                continue
+            size = min(len(view), self.send_window, connection.send_window, connection.peer_max_frame)
+            if size <= 0:
+                await self._window()
+                continue
+            self.send_window -= size
+            connection.send_window -= size
+            connection.write(frame(DATA, 0, self.id, bytes(view[:size])))
+            view = view[size:]
+
+    async def _window(self) -> None:
+        event = self.window_opened = asyncio.Event()
+        self.connection.waiting.add(self)
+        try:
+            await event.wait()
+        finally:
+            self.connection.waiting.discard(self)
+            self.window_opened = None
+
+    def reset(self, code: int = CANCEL) -> None:
+        """Ends the stream from the server's side (RST_STREAM)."""
+        connection = self.connection
+        if self.open_local or self.open_remote:
+            self.open_remote = False
+            if not connection.closed:
+                connection.write(frame(RST_STREAM, 0, self.id, code.to_bytes(4, "big")))
+            connection.close_local(self)
+
+
+class Http2Connection(asyncio.Protocol):
+    """The server side of one HTTP/2 connection. ``on_stream(stream, headers)`` is called for each new request
+    with its decoded headers and returns what receives its DATA; it may answer at once instead (and return None).
+    ``on_close`` is called once, when the connection is gone."""
+
+    def __init__(
+        self,
+        on_stream: Callable[[Stream, list[tuple[bytes, bytes]]], StreamHandler | None],
+        on_open: Callable[[Http2Connection], bool],
+        on_close: Callable[[Http2Connection], None],
+        handshake_timeout_s: float,
+        idle_timeout_s: float,
+    ) -> None:
+        self._on_stream = on_stream
+        self._on_open = on_open
+        self._on_close = on_close
+        self._handshake_timeout_s = handshake_timeout_s
+        self._idle_timeout_s = idle_timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, Stream] = {}
+        self.waiting: set[Stream] = set()
+        self.send_window = DEFAULT_WINDOW
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self.writing_paused = False
+        self.closed = False
+        self._drained: asyncio.Future[None] | None = None
+        self._peer_stream_window = DEFAULT_WINDOW
+        self._recv_window = CONNECTION_WINDOW
+        self._unacknowledged = 0
+        self._buffer = b""
+        self._preface = False
+        self._settled = False  # the client's first SETTINGS came
+        self._last_stream = 0
+        self._going_away = False
+        self._headers: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
+        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._decoder.max_allowed_table_size = _HEADER_TABLE
+        self._blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self._table_state: tuple[int, int, int, int] = self._decoder_state()
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- life cycle ---------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast("asyncio.Transport", transport)  # uvloop's transports are not asyncio's classes
+        self.transport = transport
+        if not self._on_open(self):
+            self.closed = True
+            transport.abort()
+            return
+        settings = struct.pack(
+            ">HLHLHLHL",
+            _SETTINGS_MAX_CONCURRENT_STREAMS,
+            MAX_STREAMS,
+            _SETTINGS_INITIAL_WINDOW_SIZE,
+            STREAM_WINDOW,
+            _SETTINGS_MAX_FRAME_SIZE,
+            MAX_FRAME,
+            _SETTINGS_MAX_HEADER_LIST_SIZE,
+            MAX_HEADER_LIST,
+        )
+        transport.write(
+            frame(SETTINGS, 0, 0, settings)
+            + frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
+        )
+        self._arm(self._handshake_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        streams = list(self.streams.values())
+        self.streams.clear()
+        for stream in streams:
+            stream.open_local = stream.open_remote = False
+            if stream.handler is not None:
+                stream.handler.reset()
+        for stream in list(self.waiting):
+            if stream.window_opened is not None:
+                stream.window_opened.set()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    async def drained(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+        await self._drained
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def write_headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        end = FLAG_END_STREAM if end_stream else 0
+        if len(block) <= self.peer_max_frame:
+            self.write(frame(HEADERS, FLAG_END_HEADERS | end, stream_id, block))
+            return
+        size = self.peer_max_frame
+        chunks = [block[i : i + size] for i in range(0, len(block), size)]
+        frames = [frame(HEADERS, end, stream_id, chunks[0])]
+        frames += [frame(CONTINUATION, 0, stream_id, chunk) for chunk in chunks[1:-1]]
+        frames.append(frame(CONTINUATION, FLAG_END_HEADERS, stream_id, chunks[-1]))
+        self.write(b"".join(frames))
+
+    def close_local(self, stream: Stream) -> None:
+        """The server has ended its side: a stream the client still sends on is reset (gRPC's server ends a call
+        this way when it answers before reading the whole request)."""
+        if not stream.open_local:
+            return
+        stream.open_local = False
+        if stream.open_remote:
+            stream.open_remote = False
+            self.write(frame(RST_STREAM, 0, stream.id, NO_ERROR.to_bytes(4, "big")))
+        self._forget(stream)
+
+    def go_away(self, code: int = NO_ERROR, message: str = "") -> None:
+        """No new streams: the client is told which were taken, and the connection closes once they are done
+        (at once for an error)."""
+        if self.closed:
+            return
+        if not self._going_away:
+            self._going_away = True
+            self.write(frame(GOAWAY, 0, 0, struct.pack(">LL", self._last_stream, code) + message.encode()[:256]))
+        if code != NO_ERROR or not self.streams:
+            self._close()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+    def _close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def _forget(self, stream: Stream) -> None:
+        if self.streams.pop(stream.id, None) is not None and not self.streams:
+            if self._going_away:
+                self._close()
+            else:
+                self._arm(self._idle_timeout_s)
+
+    def _arm(self, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire) if seconds > 0 else None
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self._settled:
+            log.debug("gRPC connection closed: no HTTP/2 handshake within %s s", self._handshake_timeout_s)
+            self.abort()
+        elif not self.streams:
+            self.go_away(NO_ERROR, "idle")
+
+    # --- reading ------------------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._buffer:
+            data = self._buffer + data
+        try:
+            if not self._preface:
+                if len(data) < len(PREFACE):
+                    if not PREFACE.startswith(data):
+                        raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    self._buffer = data
+                    return
+                if not data.startswith(PREFACE):
+                    raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                self._preface = True
+                data = data[len(PREFACE) :]
+            position = 0
+            end = len(data)
+            while end - position >= 9:
+                size = (data[position] << 16) | (data[position + 1] << 8) | data[position + 2]
+                if size > MAX_FRAME:
+                    raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
+                if end - position < 9 + size:
+                    break
+                kind = data[position + 3]
+                flags = data[position + 4]
+                stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & 0x7FFFFFFF
+                payload = data[position + 9 : position + 9 + size]
+                position += 9 + size
+                self._frame(kind, flags, stream_id, payload)
+                if self.closed:
+                    return
+            self._buffer = data[position:]
+        except ProtocolError as exc:
+            log.debug("gRPC connection closed: %s", exc)
+            self._buffer = b""
+            self.go_away(exc.code, str(exc))
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._headers is not None and kind != CONTINUATION:
+            raise ProtocolError(PROTOCOL_ERROR, "a header block was interrupted")
+        if not self._settled and kind != SETTINGS:
+            raise ProtocolError(PROTOCOL_ERROR, "the connection must begin with SETTINGS")
+        if kind == DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._headers_frame(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._continuation(flags, stream_id, payload)
+        elif kind == SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == PING:
+            if stream_id != 0:
+                raise ProtocolError(PROTOCOL_ERROR, "PING on a stream")
+            if len(payload) != 8:
+                raise ProtocolError(FRAME_SIZE_ERROR, "PING of the wrong length")
+            if not flags & FLAG_ACK:
+                self.write(frame(PING, FLAG_ACK, 0, payload))
+        elif kind == RST_STREAM:
+            self._rst_stream(stream_id, payload)
+        elif kind == PRIORITY:
+            if stream_id == 0:
+                raise ProtocolError(PROTOCOL_ERROR, "PRIORITY on the connection")
+            if len(payload) != 5:
+                raise ProtocolError(FRAME_SIZE_ERROR, "PRIORITY of the wrong length")
+        elif kind == GOAWAY:
+            if stream_id != 0:
+                raise ProtocolError(PROTOCOL_ERROR, "GOAWAY on a stream")
+            self.go_away()
+        elif kind == PUSH_PROMISE:
+            raise ProtocolError(PROTOCOL_ERROR, "a client cannot push")
+        # Frames of unknown types are ignored (RFC 9113 4.1).
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id != 0:
+            raise ProtocolError(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & FLAG_ACK:
+            if payload:
+                raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS acknowledgement with a payload")
+            return
+        if len(payload) % 6:
+            raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS of the wrong length")
+        for offset in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HL", payload, offset)
+            if key == _SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
+                delta = value - self._peer_stream_window
+                self._peer_stream_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise ProtocolError(FLOW_CONTROL_ERROR, "a stream's window grew too large")
+                if delta > 0:
+                    self._open_windows()
+            elif key == _SETTINGS_MAX_FRAME_SIZE:
+                if not DEFAULT_MAX_FRAME <= value <= 0xFFFFFF:
+                    raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
+                self.peer_max_frame = value
+        self.write(frame(SETTINGS, FLAG_ACK, 0))
+        if not self._settled:
+            self._settled = True
+            self._arm(self._idle_timeout_s)
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong length")
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if stream_id == 0:
+            if increment == 0:
+                raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE of zero")
+            self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise ProtocolError(FLOW_CONTROL_ERROR, "the connection's window grew too large")
+            self._open_windows()
+            return
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id > self._last_stream:
+                raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+            return
+        if increment == 0:
+            stream.reset(PROTOCOL_ERROR)
+            return
+        stream.send_window += increment
+        if stream.send_window > MAX_WINDOW:
+            stream.reset(FLOW_CONTROL_ERROR)
+            return
+        if stream.window_opened is not None:
+            stream.window_opened.set()
+
+    def _open_windows(self) -> None:
+        for stream in self.waiting:
+            if stream.window_opened is not None:
+                stream.window_opened.set()
+
+    def _rst_stream(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong length")
+        if stream_id == 0 or stream_id > self._last_stream:
+            raise ProtocolError(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        stream.open_local = stream.open_remote = False
+        self._forget(stream)
+        if stream.handler is not None:
+            stream.handler.reset()
+        if stream.window_opened is not None:
+            stream.window_opened.set()
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolError(PROTOCOL_ERROR, "DATA on the connection")
+        size = len(payload)
+        self._recv_window -= size
+        if self._recv_window < 0:
+            raise ProtocolError(FLOW_CONTROL_ERROR, "DATA past the connection's window")
+        # The connection's window is given back at once: what a stream may hold is bounded by its own window.
+        self._unacknowledged += size
+        if self._unacknowledged >= CONNECTION_WINDOW // 2:
+            self._recv_window += self._unacknowledged
+            self.write(frame(WINDOW_UPDATE, 0, 0, self._unacknowledged.to_bytes(4, "big")))
+            self._unacknowledged = 0
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.open_remote:
+            if stream_id > self._last_stream:
+                raise ProtocolError(PROTOCOL_ERROR, "DATA on an idle stream")
+            return  # a stream the server has ended: what was in flight is dropped
+        stream.recv_window -= size
+        if stream.recv_window < 0:
+            stream.reset(FLOW_CONTROL_ERROR)
+            if stream.handler is not None:
+                stream.handler.reset()
+            return
+        if flags & FLAG_PADDED:
+            payload = _unpad(payload)
+        if stream.handler is not None:
+            if payload:
+                stream.handler.data(payload)
+            elif size:
+                stream.acknowledge(size)  # padding only
+            if flags & FLAG_END_STREAM:
+                stream.open_remote = False
+                stream.handler.end()
+        elif flags & FLAG_END_STREAM:
+            stream.open_remote = False
+
+    def _headers_frame(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0 or not stream_id & 1:
+            raise ProtocolError(PROTOCOL_ERROR, "HEADERS on a stream a client cannot open")
+        if flags & FLAG_PADDED:
+            payload = _unpad(payload)
+        if flags & FLAG_PRIORITY:
+            if len(payload) < 5:
+                raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            payload = payload[5:]
+        if flags & FLAG_END_HEADERS:
+            self._header_block(stream_id, flags, payload)
+        else:
+            self._headers = (stream_id, flags, bytearray(payload))
+
+    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        pending = self._headers
+        if pending is None or pending[0] != stream_id:
+            raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        block = pending[2]
+        block += payload
+        if len(block) > MAX_HEADER_LIST:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
+        if flags & FLAG_END_HEADERS:
+            self._headers = None
+            self._header_block(stream_id, pending[1], bytes(block))
+
+    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        headers = self._decode(block)
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            # Trailers from the client: gRPC sends none, but they are allowed; they must end the stream.
+            if not flags & FLAG_END_STREAM:
+                raise ProtocolError(PROTOCOL_ERROR, "trailers that do not end the stream")
+            if stream.open_remote:
+                stream.open_remote = False
+                if stream.handler is not None:
+                    stream.handler.end()
+            return
+        if stream_id <= self._last_stream:
+            raise ProtocolError(STREAM_CLOSED, "HEADERS on a closed stream")
+        self._last_stream = stream_id
+        if self._going_away:
+            return  # past GOAWAY: the client knows from its last stream id that this one was not taken
+        stream = Stream(self, stream_id, self._peer_stream_window)
+        if len(self.streams) >= MAX_STREAMS:
+            self.write(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
+            return
+        self.streams[stream_id] = stream
+        if self._timer is not None and self._settled:
+            self._timer.cancel()
+            self._timer = None
+        if flags & FLAG_END_STREAM:
+            stream.open_remote = False
+        stream.handler = self._on_stream(stream, headers)
+        if stream.handler is not None and flags & FLAG_END_STREAM:
+            stream.handler.end()
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        cached = self._blocks.get(block)
+        if cached is not None:
+            return cached
+        try:
+            headers = cast("list[tuple[bytes, bytes]]", self._decoder.decode(block, raw=True))
+        except hpack.OversizedHeaderListError:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header list too large") from None
+        except hpack.HPACKError as exc:
+            raise ProtocolError(COMPRESSION_ERROR, f"bad header block: {exc}") from None
+        state = self._decoder_state()
+        if state != self._table_state:
+            # The block changed the table: decoding it again would change it again, and every block remembered
+            # may now mean something else.
+            self._table_state = state
+            self._blocks.clear()
+        else:
+            if len(self._blocks) >= _CACHED_BLOCKS:
+                self._blocks.clear()
+            self._blocks[block] = headers
+        return headers
+
+    def _decoder_state(self) -> tuple[int, int, int, int]:
+        table: Any = self._decoder.header_table
+        entries = table.dynamic_entries
+        # An entry added makes a new tuple at the front, even when the table is full and its length stays.
+        return len(entries), id(entries[0]) if entries else 0, table.maxsize, table._current_size
+
+
+def _unpad(payload: bytes) -> bytes:
+    if not payload:
+        raise ProtocolError(PROTOCOL_ERROR, "padded frame without its pad length")
+    padding = payload[0]
+    if padding >= len(payload):
+        raise ProtocolError(PROTOCOL_ERROR, "padding longer than the frame")
+    return payload[1 : len(payload) - padding]

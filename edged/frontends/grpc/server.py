@@ -1,0 +1,184 @@
+"""The gRPC endpoint: ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` over edged's own HTTP/2
+(edged.frontends.grpc.http2 and calls) on the daemon's event loop, in plain TCP or TLS, and on the Unix socket that
+frontend workers relay calls to.
+
+Connections are bounded as the HTTP endpoint's are: past ``max_connections`` a new one is closed at once; a
+connection must finish its TLS and HTTP/2 handshakes within the handshake timeout; one without calls for the idle
+timeout is sent GOAWAY and closed.
+
+Stopping: the ports close, every connection is sent GOAWAY (so clients open no new call on it), open streams stop
+reading and answer what they have, and calls still running after the grace period are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+
+from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
+from edged.frontends.grpc.calls import Call, Limits, Method, finish, inflater_of, methods, timeout_of
+from edged.frontends.grpc.http2 import Http2Connection, Stream, StreamHandler, header_block
+from edged.frontends.grpc.service import GrpcOptions, HealthServicer, InferenceServicer
+from edged.proto import grpc_service_pb2 as pb
+from edged.proto import health_pb2
+
+if TYPE_CHECKING:
+    from edged.core.access import AccessPolicy
+    from edged.core.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+_BACKLOG: Final = 1024
+
+
+def inference_methods(
+    service: InferenceService, options: GrpcOptions, access: AccessPolicy | None
+) -> tuple[dict[bytes, Method], InferenceServicer]:
+    """Both services' RPCs, each behind ``access`` when given; and the servicer, whose streams ``stop`` ends."""
+    servicer = InferenceServicer(service, options.max_queued_stream_bytes)
+    health = HealthServicer(service)
+    if access is not None:
+        guard(servicer, access, INFERENCE_SERVICE)
+        guard(health, access, HEALTH_SERVICE)
+    table = methods(
+        [
+            (servicer, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]),
+            (health, health_pb2.DESCRIPTOR.services_by_name["Health"]),
+        ]
+    )
+    return table, servicer
+
+
+class GrpcServer:
+    """RPCs served on edged's HTTP/2, on the running event loop."""
+
+    def __init__(
+        self,
+        table: dict[bytes, Method],
+        sock: socket.socket,
+        options: GrpcOptions,
+        tls: ssl.SSLContext | None = None,
+        relay_socket: str | None = None,
+        servicer: InferenceServicer | None = None,
+    ) -> None:
+        """``table``: the RPCs by path (``inference_methods``). ``sock``: the bound TCP socket. ``tls``: serve TLS
+        with this context (which must offer ``h2`` by ALPN). ``relay_socket``: also serve on this Unix socket, for
+        the calls frontend workers relay (edged.frontends.grpc.relay). ``servicer``: its open streams are ended
+        first when the server stops."""
+        self._methods = table
+        self._sock = sock
+        self._options = options
+        self._tls = tls
+        self._relay_socket = relay_socket
+        self._servicer = servicer
+        self._limits = Limits(options.max_message_size)
+        self._connections: set[Http2Connection] = set()
+        self._peers: dict[Http2Connection, str] = {}
+        self._servers: list[asyncio.AbstractServer] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        options = self._options
+        self._servers.append(
+            await loop.create_server(
+                self._connection,
+                sock=self._sock,
+                ssl=self._tls,
+                ssl_handshake_timeout=options.handshake_timeout_s if self._tls is not None else None,
+                backlog=_BACKLOG,
+            )
+        )
+        if self._relay_socket is not None:
+            self._servers.append(await loop.create_unix_server(self._connection, self._relay_socket, backlog=_BACKLOG))
+
+    async def stop(self) -> None:
+        """New calls are refused at once; calls in flight get the grace period, then are cancelled."""
+        for server in self._servers:
+            server.close()
+        if self._servicer is not None:
+            self._servicer.close_streams()
+        for connection in list(self._connections):
+            connection.go_away()
+        tasks = set(self._limits.tasks)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self._options.shutdown_grace_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        for connection in list(self._connections):
+            connection.abort()
+
+    def _connection(self) -> Http2Connection:
+        options = self._options
+        return Http2Connection(
+            self._stream,
+            self._opened,
+            self._closed,
+            options.handshake_timeout_s,
+            options.idle_timeout_s,
+        )
+
+    def _opened(self, connection: Http2Connection) -> bool:
+        if len(self._connections) >= self._options.max_connections:
+            log.debug("gRPC connection refused: %d connections are open", len(self._connections))
+            return False
+        self._connections.add(connection)
+        self._peers[connection] = _peer(connection.transport)
+        return True
+
+    def _closed(self, connection: Http2Connection) -> None:
+        self._connections.discard(connection)
+        self._peers.pop(connection, None)
+
+    def _stream(self, stream: Stream, headers: list[tuple[bytes, bytes]]) -> StreamHandler | None:
+        path = verb = kind = timeout = encoding = None
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b":method":
+                verb = value
+            elif name == b"content-type":
+                kind = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif name == b"grpc-encoding":
+                encoding = value
+        if verb != b"POST":
+            stream.send_headers(header_block([(b":status", b"405")]), end_stream=True)
+            return None
+        if kind is None or not kind.startswith(b"application/grpc"):
+            stream.send_headers(header_block([(b":status", b"415")]), end_stream=True)
+            return None
+        method = self._methods.get(path) if path is not None else None
+        if method is None:
+            finish(stream, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            return None
+        try:
+            inflate = inflater_of(encoding)
+        except KeyError:
+            finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding!r}' is not supported")
+            return None
+        seconds = timeout_of(timeout) if timeout is not None else None
+        return Call(stream, method, headers, self._peers[stream.connection], self._limits, seconds, inflate)
+
+
+def _peer(transport: Any) -> str:
+    """The peer as grpc writes it: ``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000`` or ``unix:<path>``."""
+    sock = transport.get_extra_info("socket")
+    address = transport.get_extra_info("peername")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        return f"unix:{transport.get_extra_info('sockname') or ''}"
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        if ":" in host:
+            if host.startswith("::ffff:") and "." in host:
+                return f"ipv4:{host[7:]}:{port}"
+            return f"ipv6:[{host}]:{port}"
+        return f"ipv4:{host}:{port}"
+    return "unknown"
