@@ -11,7 +11,7 @@ import socket
 import ssl
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -19,7 +19,7 @@ import trustme
 import uvicorn
 
 from edged.frontends.grpc.calls import Call, Limits, Method
-from edged.frontends.grpc.http2 import Http2Connection, Stream
+from edged.frontends.grpc.http2 import Http2Connection
 from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
 from edged.frontends.tls import (
     GrpcTls,
@@ -30,6 +30,9 @@ from edged.frontends.tls import (
     peer_identity_grpc,
     peer_identity_http,
 )
+
+if TYPE_CHECKING:
+    from edged.frontends.grpc.streams import Stream
 
 
 def _write(path: Path, data: bytes) -> Path:

@@ -19,13 +19,16 @@ import logging
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 from urllib.parse import quote
 
 import grpc
 
-from edged.frontends.grpc.http2 import Stream, header_block
+from edged.frontends.grpc.frames import header_block
 from edged.frontends.tls import peer_identity_transport
+
+if TYPE_CHECKING:
+    from edged.frontends.grpc.streams import Stream
 
 log = logging.getLogger(__name__)
 

@@ -24,211 +24,58 @@ import asyncio
 import logging
 import struct
 from collections.abc import Callable
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, cast
 
 import hpack
 
+from edged.frontends.grpc.frames import (
+    COMPRESSION_ERROR,
+    CONNECTION_WINDOW,
+    CONTINUATION,
+    DATA,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_WINDOW,
+    ENHANCE_YOUR_CALM,
+    FLAG_ACK,
+    FLAG_END_HEADERS,
+    FLAG_END_STREAM,
+    FLAG_PADDED,
+    FLAG_PRIORITY,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADER_TABLE,
+    HEADERS,
+    MAX_FRAME,
+    MAX_HEADER_LIST,
+    MAX_STREAMS,
+    MAX_WINDOW,
+    NO_ERROR,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTINGS,
+    SETTINGS_INITIAL_WINDOW_SIZE,
+    SETTINGS_MAX_CONCURRENT_STREAMS,
+    SETTINGS_MAX_FRAME_SIZE,
+    SETTINGS_MAX_HEADER_LIST_SIZE,
+    STREAM_CLOSED,
+    STREAM_WINDOW,
+    WINDOW_UPDATE,
+    ProtocolError,
+    frame,
+    unpad,
+)
+from edged.frontends.grpc.streams import Stream, StreamHandler
+
 log = logging.getLogger(__name__)
 
-PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-DATA: Final = 0x0
-HEADERS: Final = 0x1
-PRIORITY: Final = 0x2
-RST_STREAM: Final = 0x3
-SETTINGS: Final = 0x4
-PUSH_PROMISE: Final = 0x5
-PING: Final = 0x6
-GOAWAY: Final = 0x7
-WINDOW_UPDATE: Final = 0x8
-CONTINUATION: Final = 0x9
-
-FLAG_END_STREAM: Final = 0x1
-FLAG_ACK: Final = 0x1
-FLAG_END_HEADERS: Final = 0x4
-FLAG_PADDED: Final = 0x8
-FLAG_PRIORITY: Final = 0x20
-
-NO_ERROR: Final = 0x0
-PROTOCOL_ERROR: Final = 0x1
-INTERNAL_ERROR: Final = 0x2
-FLOW_CONTROL_ERROR: Final = 0x3
-STREAM_CLOSED: Final = 0x5
-FRAME_SIZE_ERROR: Final = 0x6
-REFUSED_STREAM: Final = 0x7
-CANCEL: Final = 0x8
-COMPRESSION_ERROR: Final = 0x9
-ENHANCE_YOUR_CALM: Final = 0xB
-
-_SETTINGS_HEADER_TABLE_SIZE: Final = 0x1
-_SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
-_SETTINGS_INITIAL_WINDOW_SIZE: Final = 0x4
-_SETTINGS_MAX_FRAME_SIZE: Final = 0x5
-_SETTINGS_MAX_HEADER_LIST_SIZE: Final = 0x6
-
-MAX_WINDOW: Final = 2**31 - 1
-DEFAULT_WINDOW: Final = 65535
-DEFAULT_MAX_FRAME: Final = 16384
-# What this server announces. Frames up to 1 MiB keep large tensors to few frames; the windows let a client send a
-# few MiB before the first acknowledgement, so one round trip does not bound a large request.
-MAX_FRAME: Final = 1 << 20
-STREAM_WINDOW: Final = 4 << 20
-CONNECTION_WINDOW: Final = 16 << 20
-MAX_STREAMS: Final = 256
-# The most bytes of decoded header names and values a request may have, and of its encoded header block.
-MAX_HEADER_LIST: Final = 64 << 10
-_HEADER_TABLE: Final = 4096
+# Decoded header blocks remembered per connection (see the module's docstring).
 _CACHED_BLOCKS: Final = 64
-
-_FRAME_HEADER: Final = struct.Struct(">BHBBL")  # the 24-bit length as a byte and a short, then type, flags, stream
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    size = len(payload)
-    return _FRAME_HEADER.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
-
-
-def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A header block of literals without indexing (RFC 7541 6.2.2), so that no dynamic table state is needed;
-    ``:status: 200`` is the static table's entry 8."""
-    parts = []
-    for name, value in headers:
-        if name == b":status" and value == b"200":
-            parts.append(b"\x88")
-        else:
-            parts.append(b"\x00" + _string(name) + _string(value))
-    return b"".join(parts)
-
-
-def _string(data: bytes) -> bytes:
-    size = len(data)
-    if size < 127:
-        return bytes((size,)) + data
-    size -= 127
-    prefix = bytearray(b"\x7f")
-    while size >= 128:
-        prefix.append((size & 0x7F) | 0x80)
-        size >>= 7
-    prefix.append(size)
-    return bytes(prefix) + data
-
-
-class ProtocolError(Exception):
-    """The peer broke HTTP/2: the connection ends with GOAWAY and this code."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class StreamHandler(Protocol):
-    """What a stream's request reaches: the gRPC call on it."""
-
-    def data(self, chunk: bytes) -> None: ...
-
-    def end(self) -> None: ...
-
-    def reset(self) -> None: ...
-
-
-class Stream:
-    """One request and its reply. ``open_remote``: the client may still send; ``open_local``: the server may."""
-
-    __slots__ = (
-        "connection",
-        "handler",
-        "id",
-        "open_local",
-        "open_remote",
-        "recv_window",
-        "send_window",
-        "window_opened",
-    )
-
-    def __init__(self, connection: Http2Connection, stream_id: int, send_window: int) -> None:
-        self.connection = connection
-        self.id = stream_id
-        self.send_window = send_window
-        self.recv_window = STREAM_WINDOW
-        self.open_local = True
-        self.open_remote = True
-        self.handler: StreamHandler | None = None
-        self.window_opened: asyncio.Event | None = None
-
-    def acknowledge(self, size: int) -> None:
-        """The handler has taken ``size`` bytes of DATA: the client may send that many more on this stream."""
-        if size > 0 and self.open_remote:
-            self.recv_window += size
-            self.connection.write(frame(WINDOW_UPDATE, 0, self.id, size.to_bytes(4, "big")))
-
-    def reply(self, headers: bytes, body: bytes, trailers: bytes) -> bool:
-        """Headers, one DATA frame and the trailers in one write, when the windows allow; False when they do not
-        (then ``send_data`` waits for them)."""
-        connection = self.connection
-        size = len(body)
-        if (
-            not self.open_local
-            or size > self.send_window
-            or size > connection.send_window
-            or size > connection.peer_max_frame
-            or connection.writing_paused
-            or connection.closed
-        ):
-            return False
-        self.send_window -= size
-        connection.send_window -= size
-        connection.write(
-            frame(HEADERS, FLAG_END_HEADERS, self.id, headers)
-            + frame(DATA, 0, self.id, body)
-            + frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, self.id, trailers)
-        )
-        connection.close_local(self)
-        return True
-
-    def send_headers(self, block: bytes, *, end_stream: bool = False) -> None:
-        if not self.open_local or self.connection.closed:
-            return
-        self.connection.write_headers(self.id, block, end_stream)
-        if end_stream:
-            self.connection.close_local(self)
-
-    async def send_data(self, data: bytes) -> None:
-        """Writes ``data`` within the client's windows and frame size, waiting for them and for the transport;
-        returns early, without error, once the stream or the connection is gone."""
-        connection = self.connection
-        view = memoryview(data)
-        while view:
-            if not self.open_local or connection.closed:
-                return
-            if connection.writing_paused:
-                await connection.drained()
-                continue
-            size = min(len(view), self.send_window, connection.send_window, connection.peer_max_frame)
-            if size <= 0:
-                await self._window()
-                continue
-            self.send_window -= size
-            connection.send_window -= size
-            connection.write(frame(DATA, 0, self.id, bytes(view[:size])))
-            view = view[size:]
-
-    async def _window(self) -> None:
-        event = self.window_opened = asyncio.Event()
-        self.connection.waiting.add(self)
-        try:
-            await event.wait()
-        finally:
-            self.connection.waiting.discard(self)
-            self.window_opened = None
-
-    def reset(self, code: int = CANCEL) -> None:
-        """Ends the stream from the server's side (RST_STREAM)."""
-        connection = self.connection
-        if self.open_local or self.open_remote:
-            self.open_remote = False
-            if not connection.closed:
-                connection.write(frame(RST_STREAM, 0, self.id, code.to_bytes(4, "big")))
-            connection.close_local(self)
 
 
 class Http2Connection(asyncio.Protocol):
@@ -267,7 +114,7 @@ class Http2Connection(asyncio.Protocol):
         self._going_away = False
         self._headers: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self._decoder.max_allowed_table_size = _HEADER_TABLE
+        self._decoder.max_allowed_table_size = HEADER_TABLE
         self._blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self._table_state: tuple[int, int, int, int] = self._decoder_state()
         self._timer: asyncio.TimerHandle | None = None
@@ -283,13 +130,13 @@ class Http2Connection(asyncio.Protocol):
             return
         settings = struct.pack(
             ">HLHLHLHL",
-            _SETTINGS_MAX_CONCURRENT_STREAMS,
+            SETTINGS_MAX_CONCURRENT_STREAMS,
             MAX_STREAMS,
-            _SETTINGS_INITIAL_WINDOW_SIZE,
+            SETTINGS_INITIAL_WINDOW_SIZE,
             STREAM_WINDOW,
-            _SETTINGS_MAX_FRAME_SIZE,
+            SETTINGS_MAX_FRAME_SIZE,
             MAX_FRAME,
-            _SETTINGS_MAX_HEADER_LIST_SIZE,
+            SETTINGS_MAX_HEADER_LIST_SIZE,
             MAX_HEADER_LIST,
         )
         transport.write(
@@ -484,7 +331,7 @@ class Http2Connection(asyncio.Protocol):
             raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS of the wrong length")
         for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HL", payload, offset)
-            if key == _SETTINGS_INITIAL_WINDOW_SIZE:
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise ProtocolError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
                 delta = value - self._peer_stream_window
@@ -495,7 +342,7 @@ class Http2Connection(asyncio.Protocol):
                         raise ProtocolError(FLOW_CONTROL_ERROR, "a stream's window grew too large")
                 if delta > 0:
                     self._open_windows()
-            elif key == _SETTINGS_MAX_FRAME_SIZE:
+            elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not DEFAULT_MAX_FRAME <= value <= 0xFFFFFF:
                     raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
                 self.peer_max_frame = value
@@ -576,7 +423,7 @@ class Http2Connection(asyncio.Protocol):
                 stream.handler.reset()
             return
         if flags & FLAG_PADDED:
-            payload = _unpad(payload)
+            payload = unpad(payload)
         if stream.handler is not None:
             if payload:
                 stream.handler.data(payload)
@@ -592,7 +439,7 @@ class Http2Connection(asyncio.Protocol):
         if stream_id == 0 or not stream_id & 1:
             raise ProtocolError(PROTOCOL_ERROR, "HEADERS on a stream a client cannot open")
         if flags & FLAG_PADDED:
-            payload = _unpad(payload)
+            payload = unpad(payload)
         if flags & FLAG_PRIORITY:
             if len(payload) < 5:
                 raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
@@ -672,12 +519,3 @@ class Http2Connection(asyncio.Protocol):
         entries = table.dynamic_entries
         # An entry added makes a new tuple at the front, even when the table is full and its length stays.
         return len(entries), id(entries[0]) if entries else 0, table.maxsize, table._current_size
-
-
-def _unpad(payload: bytes) -> bytes:
-    if not payload:
-        raise ProtocolError(PROTOCOL_ERROR, "padded frame without its pad length")
-    padding = payload[0]
-    if padding >= len(payload):
-        raise ProtocolError(PROTOCOL_ERROR, "padding longer than the frame")
-    return payload[1 : len(payload) - padding]

@@ -22,7 +22,8 @@ import grpc
 
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
 from edged.frontends.grpc.calls import Call, Limits, Method, finish, inflater_of, methods, timeout_of
-from edged.frontends.grpc.http2 import Http2Connection, Stream, StreamHandler, header_block
+from edged.frontends.grpc.frames import header_block
+from edged.frontends.grpc.http2 import Http2Connection
 from edged.frontends.grpc.service import GrpcOptions, HealthServicer, InferenceServicer
 from edged.proto import grpc_service_pb2 as pb
 from edged.proto import health_pb2
@@ -30,6 +31,7 @@ from edged.proto import health_pb2
 if TYPE_CHECKING:
     from edged.core.access import AccessPolicy
     from edged.core.service import InferenceService
+    from edged.frontends.grpc.streams import Stream, StreamHandler
 
 log = logging.getLogger(__name__)
 
