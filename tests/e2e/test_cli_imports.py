@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from console_session import console_server, create_user, http_login
 from server import REPO_ROOT, request
@@ -117,7 +118,7 @@ def test_the_commands_use_the_state_database_without_the_orm() -> None:
 
 def test_the_daemon_uses_the_state_database_without_the_orm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The daemon at work: start-up (models loaded, the desired set), a console login (a session, an audit event),
-    the history of both, a model unloaded and loaded again through the API."""
+    the history of both, a model unloaded and loaded again through the API, a gRPC call."""
     state = tmp_path / "state"
     state.mkdir()
     create_user(state, "ada", "admin")
@@ -133,7 +134,13 @@ def test_the_daemon_uses_the_state_database_without_the_orm(tmp_path: Path, monk
             assert client.is_model_ready("add_sub")
         reply = request(server.http_url, "GET", "/v2/edged/models/add_sub/history")
         assert reply.status == 200, reply.body
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert grpc_client.is_server_live()
+        grpc_client.close()
         log = server.log()  # read before the daemon stops: its log goes with it
     modules = _reported(log)
     assert {"sqlalchemy", "edged.state.store", "edged.state.accounts"} <= modules, log[-3000:]
     assert _heavy(modules, ORM) == []
+    # The gRPC endpoint is edged's own HTTP/2: grpc's core (about 10 MiB resident) is a frontend worker's alone.
+    assert "edged.frontends.grpc.server" in modules
+    assert _heavy(modules, ("grpc",)) == []

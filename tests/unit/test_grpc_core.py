@@ -1,5 +1,5 @@
-"""grpc's core as the daemon imports it (edged/frontends/grpc/core.py): with its settings, the environment left as
-it was for child processes, and no setting grpc does not know."""
+"""grpc's core as a frontend worker's relay imports it (edged/frontends/grpc/core.py): with its settings, the
+environment left as it was for child processes, and no setting grpc does not know."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Imports the daemon as `edged serve` does, then reports what the environment holds afterwards.
-PROBE = "import os, edged.daemon; print(repr(os.environ.get('GRPC_EXPERIMENTS')))"
+# Imports the relay as a frontend worker does, then reports what the environment holds afterwards.
+PROBE = "import os, edged.frontends.grpc.relay; print(repr(os.environ.get('GRPC_EXPERIMENTS')))"
 
 
 def _probe(experiments: str | None) -> subprocess.CompletedProcess[str]:
@@ -24,7 +24,7 @@ def _probe(experiments: str | None) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_importing_the_daemon_leaves_the_environment_as_it_was_and_grpc_knows_the_setting() -> None:
+def test_importing_the_relay_leaves_the_environment_as_it_was_and_grpc_knows_the_setting() -> None:
     done = _probe(None)
     assert done.stdout.strip() == "None"
     # A grpc that dropped the experiment says so on stderr: then the setting in core.py has to go.

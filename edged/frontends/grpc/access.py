@@ -12,12 +12,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final
-
-import grpc
+from typing import TYPE_CHECKING, Any, Final
 
 from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal, open_actor
+from edged.frontends.grpc.status import StatusCode
 from edged.frontends.tls import peer_identity_grpc
+
+if TYPE_CHECKING:
+    from edged.frontends.grpc.calls import Call
 
 INFERENCE_SERVICE: Final[Mapping[str, Category]] = {
     "ServerLive": Category.HEALTH,
@@ -44,9 +46,9 @@ INFERENCE_SERVICE: Final[Mapping[str, Category]] = {
 HEALTH_SERVICE: Final[Mapping[str, Category]] = {"Check": Category.HEALTH}
 
 _CODES: Final = {
-    Refusal.RESTRICTED: grpc.StatusCode.UNAVAILABLE,
-    Refusal.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    Refusal.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+    Refusal.RESTRICTED: StatusCode.UNAVAILABLE,
+    Refusal.UNAUTHENTICATED: StatusCode.UNAUTHENTICATED,
+    Refusal.FORBIDDEN: StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -72,7 +74,7 @@ def guard(servicer: object, policy: AccessPolicy, methods: Mapping[str, Category
 RELAYED_PEER: Final = "edged-relayed-peer"
 
 
-def caller(context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
+def caller(context: Call) -> Caller:
     headers = {str(key).lower(): str(value) for key, value in context.invocation_metadata() or ()}
     peer = context.peer()
     if peer.startswith("unix:") and RELAYED_PEER in headers:
@@ -80,7 +82,7 @@ def caller(context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
     return Caller("grpc", peer_address(peer), headers, peer_identity_grpc(context))
 
 
-def client_address(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+def client_address(context: Call) -> str | None:
     """The client's IP address, a relayed call's included."""
     peer = context.peer()
     if peer.startswith("unix:"):
@@ -104,7 +106,7 @@ def peer_address(peer: str | None) -> str | None:
 
 def _noting_actor(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     @functools.wraps(method)
-    async def noted(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def noted(request: Any, context: Call) -> Any:
         token = ACTOR.set(open_actor(client_address(context)))
         try:
             return await method(request, context)
@@ -118,7 +120,7 @@ def _guard_unary(
     method: Callable[[Any, Any], Any], category: Category, policy: AccessPolicy
 ) -> Callable[[Any, Any], Any]:
     @functools.wraps(method)
-    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def guarded(request: Any, context: Call) -> Any:
         try:
             actor = policy.check(category, caller(context))
         except AccessDenied as denied:
@@ -136,7 +138,7 @@ def _guard_stream(
     method: Callable[[Any, Any], AsyncIterator[Any]], category: Category, policy: AccessPolicy
 ) -> Callable[[Any, Any], AsyncIterator[Any]]:
     @functools.wraps(method)
-    async def guarded(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+    async def guarded(requests: Any, context: Call) -> AsyncIterator[Any]:
         try:
             actor = policy.check(category, caller(context))
         except AccessDenied as denied:

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 from urllib.parse import quote
 
-import grpc
-
 from edged.frontends.grpc.frames import header_block
+from edged.frontends.grpc.status import StatusCode
 from edged.frontends.tls import peer_identity_transport
 
 if TYPE_CHECKING:
@@ -55,19 +54,15 @@ class Method:
 
 
 def methods(services: Iterable[tuple[Any, Any]]) -> dict[bytes, Method]:
-    """The RPCs of each (servicer, service descriptor), by HTTP/2 path. A method the servicer leaves to its
-    generated base class is not served (UNIMPLEMENTED, as grpc answers one). Only unary and bidirectional RPCs
-    exist in these services."""
+    """The RPCs of each (servicer, service descriptor), by HTTP/2 path: those the servicer has a method for (any
+other is answered UNIMPLEMENTED, as grpc answers one). Only unary and bidirectional RPCs exist in these services."""
     from google.protobuf import message_factory
 
     table: dict[bytes, Method] = {}
     for servicer, descriptor in services:
         for rpc in descriptor.methods:
             serve = getattr(servicer, rpc.name, None)
-            base = getattr(type(servicer).__mro__[-2], rpc.name, None)
-            if serve is None or getattr(serve, "__func__", None) is base:
-                continue
-            if rpc.client_streaming != rpc.server_streaming:
+            if serve is None or rpc.client_streaming != rpc.server_streaming:
                 continue
             parse = message_factory.GetMessageClass(rpc.input_type).FromString
             path = f"/{descriptor.full_name}/{rpc.name}".encode()
@@ -78,7 +73,7 @@ def methods(services: Iterable[tuple[Any, Any]]) -> dict[bytes, Method]:
 class Aborted(Exception):
     """``Call.abort``: the call ends with this status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: StatusCode, details: str) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
@@ -176,7 +171,7 @@ class Call:
     def end(self) -> None:
         if self._messages is not None:
             if self._body:
-                self._finish(grpc.StatusCode.INTERNAL, "the request stream ended inside a message")
+                self._finish(StatusCode.INTERNAL, "the request stream ended inside a message")
                 if self._task is not None:
                     self._task.cancel()
             else:
@@ -186,7 +181,7 @@ class Call:
         self._body = bytearray()
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             # grpc's text for a unary request without exactly one message.
-            self._finish(grpc.StatusCode.INTERNAL, "Failed to read the request: not exactly one message")
+            self._finish(StatusCode.INTERNAL, "Failed to read the request: not exactly one message")
             return
         try:
             request = self._decode(body)
@@ -205,7 +200,7 @@ class Call:
 
     # --- ServicerContext ----------------------------------------------------------------------------------
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+    async def abort(self, code: StatusCode, details: str = "") -> NoReturn:
         raise Aborted(code, details)
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
@@ -247,22 +242,22 @@ class Call:
         payload = framed[5:]
         if framed[0]:
             if self._inflate is None:
-                raise Aborted(grpc.StatusCode.INTERNAL, "a compressed message without grpc-encoding")
+                raise Aborted(StatusCode.INTERNAL, "a compressed message without grpc-encoding")
             limit = self._limits.max_message_size
             inflater = zlib.decompressobj(self._inflate)
             try:
                 payload = inflater.decompress(payload, limit + 1)
             except zlib.error:
-                raise Aborted(grpc.StatusCode.INTERNAL, "the message cannot be decompressed") from None
+                raise Aborted(StatusCode.INTERNAL, "the message cannot be decompressed") from None
             if len(payload) > limit:
                 raise Aborted(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    StatusCode.RESOURCE_EXHAUSTED,
                     f"Received message larger than max (more than {limit} bytes once decompressed)",
                 )
         try:
             return self._method.parse(payload)
         except Exception:  # protobuf's DecodeError, or an error of the message's own checks
-            raise Aborted(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from None
+            raise Aborted(StatusCode.INTERNAL, "Exception deserializing request!") from None
 
     async def _run_unary(self, request: Any) -> None:
         try:
@@ -327,17 +322,17 @@ class Call:
         data: bytes = reply if isinstance(reply, bytes) else reply.SerializeToString()
         limit = self._limits.max_message_size
         if len(data) > limit:
-            raise Aborted(grpc.StatusCode.RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(data)} vs. {limit})")
+            raise Aborted(StatusCode.RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(data)} vs. {limit})")
         return b"\0" + len(data).to_bytes(4, "big") + data
 
     def _cancelled(self) -> None:
         if self._expired:
-            self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         # Otherwise the client reset the stream or went away: there is no one to answer.
 
     def _failed(self, exc: Exception, started: bool = False) -> None:
         log.error("unhandled error in gRPC call", exc_info=exc)
-        self._finish(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}", started)
+        self._finish(StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}", started)
 
     def _expire(self) -> None:
         self._timer = None
@@ -345,22 +340,22 @@ class Call:
         if self._task is not None:
             self._task.cancel()
         else:
-            self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _refuse_size(self, size: int) -> None:
         limit = self._limits.max_message_size
-        self._finish(grpc.StatusCode.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
+        self._finish(StatusCode.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
         if self._task is not None:
             self._task.cancel()
 
-    def _finish(self, code: grpc.StatusCode, details: str, started: bool = False) -> None:
+    def _finish(self, code: StatusCode, details: str, started: bool = False) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         finish(self._stream, code, details, started)
 
 
-def finish(stream: Stream, code: grpc.StatusCode, details: str, started: bool = False) -> None:
+def finish(stream: Stream, code: StatusCode, details: str, started: bool = False) -> None:
     """Ends the call with a status: as trailers after the reply's headers, or as a trailers-only reply."""
     trailers = [(b"grpc-status", str(code.value[0]).encode())]
     if details:

@@ -12,13 +12,16 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, cast
 
-import grpc
-
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, RELAYED_PEER, guard
 from edged.frontends.grpc.calls import Call, Method, methods
+from edged.frontends.grpc.core import import_core
 from edged.frontends.grpc.server import GrpcServer
 from edged.frontends.grpc.service import GrpcOptions, InferenceServicer
 from edged.proto import grpc_service_pb2 as pb
+
+import_core()  # before grpc is first imported: the relay's channel is grpc's
+
+import grpc  # noqa: E402
 
 if TYPE_CHECKING:
     from edged.core.access import AccessPolicy

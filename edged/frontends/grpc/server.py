@@ -18,13 +18,12 @@ import socket
 import ssl
 from typing import TYPE_CHECKING, Any, Final
 
-import grpc
-
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
 from edged.frontends.grpc.calls import Call, Limits, Method, finish, inflater_of, methods, timeout_of
 from edged.frontends.grpc.frames import header_block
 from edged.frontends.grpc.http2 import Http2Connection
 from edged.frontends.grpc.service import GrpcOptions, HealthServicer, InferenceServicer
+from edged.frontends.grpc.status import StatusCode
 from edged.proto import grpc_service_pb2 as pb
 from edged.proto import health_pb2
 
@@ -159,12 +158,12 @@ class GrpcServer:
             return None
         method = self._methods.get(path) if path is not None else None
         if method is None:
-            finish(stream, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            finish(stream, StatusCode.UNIMPLEMENTED, "Method not found!")
             return None
         try:
             inflate = inflater_of(encoding)
         except KeyError:
-            finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding!r}' is not supported")
+            finish(stream, StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding!r}' is not supported")
             return None
         seconds = timeout_of(timeout) if timeout is not None else None
         return Call(stream, method, headers, self._peers[stream.connection], self._limits, seconds, inflate)

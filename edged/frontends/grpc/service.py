@@ -1,4 +1,4 @@
-"""KServe v2 over gRPC (``inference.GRPCInferenceService`` on grpc.aio), with Triton's extensions and status codes.
+"""KServe v2 over gRPC (``inference.GRPCInferenceService``), with Triton's extensions and status codes.
 
 The server runs on the daemon's event loop beside the HTTP server and calls the same InferenceService. Every
 handler turns an EdgedError into the gRPC status Triton gives its code; the message is the core's, unchanged.
@@ -26,8 +26,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import grpc
-
 from edged.errors import EdgedError, ErrorCode, invalid_arg, unavailable, unsupported
 from edged.frontends import kserve
 from edged.frontends.grpc.codec import (
@@ -39,25 +37,26 @@ from edged.frontends.grpc.codec import (
     internal_error,
     parse_version,
 )
+from edged.frontends.grpc.status import StatusCode
 from edged.proto import grpc_service_pb2 as pb
-from edged.proto import grpc_service_pb2_grpc as pb_grpc
-from edged.proto import health_pb2, health_pb2_grpc
+from edged.proto import health_pb2
 
 if TYPE_CHECKING:
     from edged.core.request.inference import StreamResponse
     from edged.core.service import InferenceService, ModelHandle
+    from edged.frontends.grpc.calls import Call
 
 log = logging.getLogger(__name__)
 
-STATUS_BY_CODE: Final[dict[ErrorCode, grpc.StatusCode]] = {
-    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
-    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
-    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+STATUS_BY_CODE: Final[dict[ErrorCode, StatusCode]] = {
+    ErrorCode.UNKNOWN: StatusCode.UNKNOWN,
+    ErrorCode.INTERNAL: StatusCode.INTERNAL,
+    ErrorCode.NOT_FOUND: StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_ARG: StatusCode.INVALID_ARGUMENT,
+    ErrorCode.UNAVAILABLE: StatusCode.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: StatusCode.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: StatusCode.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: StatusCode.CANCELLED,
 }
 # Requests read ahead of the reply being written, per stream: past this the stream stops reading, and HTTP/2
 # flow control pushes back on the client instead of the server queueing without bound. Each may be up to
@@ -83,8 +82,8 @@ class GrpcOptions:
     max_queued_stream_bytes: int = 64 * 1024 * 1024
 
 
-def status_for(error: EdgedError) -> grpc.StatusCode:
-    return STATUS_BY_CODE.get(error.code, grpc.StatusCode.UNKNOWN)
+def status_for(error: EdgedError) -> StatusCode:
+    return STATUS_BY_CODE.get(error.code, StatusCode.UNKNOWN)
 
 
 _Handler = TypeVar("_Handler", bound=Callable[..., Awaitable[Any]])
@@ -95,7 +94,7 @@ def _unary(handler: _Handler) -> _Handler:
     answered INTERNAL without details."""
 
     @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def wrapper(self: Any, request: Any, context: Call) -> Any:
         try:
             return await handler(self, request, context)
         except EdgedError as exc:
@@ -162,7 +161,7 @@ class _LoadParameters:
         return getattr(parameter, kind)
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceServicer:
     """``inference.GRPCInferenceService``: every RPC, each a translation to one InferenceService call."""
 
     def __init__(self, service: InferenceService, max_queued_stream_bytes: int = 64 * 1024 * 1024) -> None:
@@ -318,9 +317,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         response = await service.infer(decode_infer_request(request, version), model)
         encode_infer_response(response, reply)
 
-    async def ModelStreamInfer(
-        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Call) -> AsyncIterator[Any]:
         abort_on_error = _grpc_error_mode(context)
         pending: asyncio.Queue[_Replies | None] = asyncio.Queue(MAX_IN_FLIGHT_PER_STREAM)
         reader = asyncio.create_task(self._read_stream(requests, pending, _Backlog(self._max_queued)))
@@ -485,7 +482,7 @@ class _Replies:
         return reply, error
 
 
-class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+class HealthServicer:
     """``grpc.health.v1.Health``: SERVING once the server is ready, whatever service is asked about, as Triton."""
 
     def __init__(self, service: InferenceService) -> None:
@@ -501,7 +498,7 @@ def _refuse_named_repository(name: str) -> None:
         raise unsupported("'repository_name' specification is not supported")
 
 
-def _grpc_error_mode(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
+def _grpc_error_mode(context: Call) -> bool:
     for key, value in context.invocation_metadata() or ():
         if key == _GRPC_ERROR_KEY:
             return str(value).strip().lower() == "true"
