@@ -89,5 +89,5 @@ def test_grpc_port_in_use_exits_with_one_clear_line(small_repository: Path, tmp_
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert TRACEBACK_MARKER not in output
-    assert f"exiting: the gRPC endpoint failed to start: Failed to bind to address 127.0.0.1:{grpc_port}" in output
+    assert f"exiting: the gRPC endpoint cannot listen on 127.0.0.1:{grpc_port}: Address already in use" in output
     assert "edged ready" not in output

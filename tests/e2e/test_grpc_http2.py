@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import h2.config
@@ -18,7 +20,7 @@ import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from server import Server, assert_grpc_still_serving
+from server import Server, assert_grpc_still_serving, run_server
 from tritonclient.grpc import service_pb2
 
 INFER: Final = "/inference.GRPCInferenceService/ModelInfer"
@@ -32,6 +34,7 @@ REFUSED_STREAM: Final = 0x7
 COMPRESSION_ERROR: Final = 0x9
 ENHANCE_YOUR_CALM: Final = 0xB
 SERVER_MAX_STREAMS: Final = 256
+IDLE_S: Final = 1.0
 
 
 def _message(body: bytes) -> bytes:
@@ -269,7 +272,7 @@ def _goaway_code(sock: socket.socket) -> int | None:
     while position + 9 <= len(received):
         size = int.from_bytes(received[position : position + 3], "big")
         if received[position + 3] == 0x7:
-            return struct.unpack(">LL", received[position + 9 : position + 17])[1]
+            return int(struct.unpack(">LL", received[position + 9 : position + 17])[1])
         position += 9 + size
     return None
 
@@ -331,3 +334,37 @@ def test_compressed_requests(grpc_client: grpcclient.InferenceServerClient, algo
         tensor.set_data_from_numpy(values)
     result = grpc_client.infer("add_sub", inputs, compression_algorithm=algorithm)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values * 2)
+
+
+@pytest.fixture(scope="module")
+def idle_server(small_repository: Path) -> Iterator[Server]:
+    with run_server([small_repository], f"--grpc-idle-timeout-secs={IDLE_S}") as running:
+        yield running
+
+
+def _goaway_within(client: Client, seconds: float) -> h2.events.ConnectionTerminated | None:
+    client.sock.settimeout(seconds)
+    try:
+        while True:
+            for event in client.receive():
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    return event
+    except (TimeoutError, ConnectionError):
+        return None
+
+
+def test_a_connection_in_use_stays_and_an_idle_one_gets_goaway(idle_server: Server) -> None:
+    client = Client(idle_server.grpc_port)
+    try:
+        # Calls spaced closer than the idle timeout, for longer than it: the connection stays.
+        deadline = time.monotonic() + 2.5 * IDLE_S
+        while time.monotonic() < deadline:
+            assert client.answer(client.open(LIVE, _message(b"")))[2]["grpc-status"] == "0"
+            time.sleep(IDLE_S / 4)
+        # Then nothing: GOAWAY (no error) after the timeout, and the connection closes.
+        started = time.monotonic()
+        goaway = _goaway_within(client, 10 * IDLE_S)
+        assert goaway is not None and goaway.error_code == 0
+        assert time.monotonic() - started >= 0.5 * IDLE_S
+    finally:
+        client.close()

@@ -55,7 +55,7 @@ class Method:
 
 def methods(services: Iterable[tuple[Any, Any]]) -> dict[bytes, Method]:
     """The RPCs of each (servicer, service descriptor), by HTTP/2 path: those the servicer has a method for (any
-other is answered UNIMPLEMENTED, as grpc answers one). Only unary and bidirectional RPCs exist in these services."""
+    other is answered UNIMPLEMENTED, as grpc answers one). Only unary and bidirectional RPCs exist in these services."""
     from google.protobuf import message_factory
 
     table: dict[bytes, Method] = {}
@@ -85,6 +85,8 @@ class Limits:
     def __init__(self, max_message_size: int) -> None:
         self.max_message_size = max_message_size
         self.tasks: set[asyncio.Task[None]] = set()
+        # Kept: asking asyncio for the running loop costs a system call (getpid) each time.
+        self.loop = asyncio.get_running_loop()
 
 
 class Call:
@@ -127,7 +129,7 @@ class Call:
         self._deferred = 0
         self._task: asyncio.Task[None] | None = None
         self._expired = False
-        loop = asyncio.get_running_loop()
+        loop = limits.loop
         self._deadline = loop.time() + timeout if timeout is not None else None
         self._timer = loop.call_at(self._deadline, self._expire) if self._deadline is not None else None
         if method.streaming:
@@ -224,7 +226,7 @@ class Call:
     def time_remaining(self) -> float | None:
         if self._deadline is None:
             return None
-        return max(0.0, self._deadline - asyncio.get_running_loop().time())
+        return max(0.0, self._deadline - self._limits.loop.time())
 
     def auth_context(self) -> dict[str, list[bytes]]:
         name = peer_identity_transport(self._stream.connection.transport)
@@ -233,7 +235,7 @@ class Call:
     # --- running the servicer -----------------------------------------------------------------------------
 
     def _start(self, coroutine: Any) -> None:
-        task = self._task = asyncio.get_running_loop().create_task(coroutine)
+        task = self._task = self._limits.loop.create_task(coroutine)
         tasks = self._limits.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -118,6 +118,8 @@ class Http2Connection(asyncio.Protocol):
         self._blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self._table_state: tuple[int, int, int, int] = self._decoder_state()
         self._timer: asyncio.TimerHandle | None = None
+        self._idle_since = 0.0
+        self._loop = asyncio.get_running_loop()
 
     # --- life cycle ---------------------------------------------------------------------------------------
 
@@ -173,7 +175,7 @@ class Http2Connection(asyncio.Protocol):
 
     async def drained(self) -> None:
         if self._drained is None:
-            self._drained = asyncio.get_running_loop().create_future()
+            self._drained = self._loop.create_future()
         await self._drained
 
     def write(self, data: bytes) -> None:
@@ -228,20 +230,27 @@ class Http2Connection(asyncio.Protocol):
             if self._going_away:
                 self._close()
             else:
-                self._arm(self._idle_timeout_s)
+                # The idle timer is not moved per call: when it fires, it looks at when the last call ended.
+                self._idle_since = self._loop.time()
+                if self._timer is None:
+                    self._arm(self._idle_timeout_s)
 
     def _arm(self, seconds: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire) if seconds > 0 else None
+        self._timer = self._loop.call_later(seconds, self._expire) if seconds > 0 else None
 
     def _expire(self) -> None:
         self._timer = None
         if not self._settled:
             log.debug("gRPC connection closed: no HTTP/2 handshake within %s s", self._handshake_timeout_s)
             self.abort()
-        elif not self.streams:
-            self.go_away(NO_ERROR, "idle")
+        elif not self.streams:  # with calls open it is armed again when the last one ends
+            remaining = self._idle_since + self._idle_timeout_s - self._loop.time()
+            if remaining > 0:
+                self._arm(remaining)
+            else:
+                self.go_away(NO_ERROR, "idle")
 
     # --- reading ------------------------------------------------------------------------------------------
 
@@ -349,6 +358,7 @@ class Http2Connection(asyncio.Protocol):
         self.write(frame(SETTINGS, FLAG_ACK, 0))
         if not self._settled:
             self._settled = True
+            self._idle_since = self._loop.time()
             self._arm(self._idle_timeout_s)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
@@ -483,9 +493,6 @@ class Http2Connection(asyncio.Protocol):
             self.write(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
         self.streams[stream_id] = stream
-        if self._timer is not None and self._settled:
-            self._timer.cancel()
-            self._timer = None
         if flags & FLAG_END_STREAM:
             stream.open_remote = False
         stream.handler = self._on_stream(stream, headers)
