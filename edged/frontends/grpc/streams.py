@@ -43,6 +43,7 @@ class Stream:
         "open_remote",
         "recv_window",
         "send_window",
+        "taken",
         "window_opened",
     )
 
@@ -55,12 +56,20 @@ class Stream:
         self.open_remote = True
         self.handler: StreamHandler | None = None
         self.window_opened: asyncio.Event | None = None
+        self.taken = 0  # bytes the handler has taken and the client has not been given back yet
 
     def acknowledge(self, size: int) -> None:
-        """The handler has taken ``size`` bytes of DATA: the client may send that many more on this stream."""
+        """The handler has taken ``size`` bytes of DATA: the client may send that many more on this stream. Given
+        back once half the window is taken, not per frame: a small call then costs no WINDOW_UPDATE (a write of its
+        own, and a frame for the client to read) at all."""
         if size > 0 and self.open_remote:
-            self.recv_window += size
-            self.connection.write(frame(WINDOW_UPDATE, 0, self.id, size.to_bytes(4, "big")))
+            taken = self.taken + size
+            if taken < STREAM_WINDOW // 2:
+                self.taken = taken
+                return
+            self.taken = 0
+            self.recv_window += taken
+            self.connection.write(frame(WINDOW_UPDATE, 0, self.id, taken.to_bytes(4, "big")))
 
     def reply(self, headers: bytes, body: bytes, trailers: bytes) -> bool:
         """Headers, one DATA frame and the trailers in one write, when the windows allow; False when they do not
