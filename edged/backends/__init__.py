@@ -3,18 +3,34 @@
 ``BackendRegistry`` is the daemon's set of them (edged.core.backend_api.Backends, as the core sees it). Backends are
 imported lazily by name, so a device without a backend's runtime still serves every other model; each is built
 with its ``--backend-config`` settings and the server its models may call.
+
+Third-party backends: an installed distribution that declares an entry point in the ``edged.backends`` group names
+a Backend class (edged.core.backend_api.Backend), built as edged's own are, for the models whose config.pbtxt
+gives that name as ``backend``::
+
+    [project.entry-points."edged.backends"]
+    rbln = "edged_backend_rbln:RblnBackend"
+
+The backends edged provides keep their names: an entry point under one of them is ignored. packaging/backend-example
+is a complete one.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
-from typing import TYPE_CHECKING
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
 
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from edged.core.backend_api import Backend, CustomMetricFamily, ServerApi
+
+log = logging.getLogger(__name__)
+
+PLUGIN_GROUP = "edged.backends"
 
 # backend name (config.pbtxt `backend`) -> "module:attribute" of its Backend class
 _BACKENDS: dict[str, str] = {
@@ -61,13 +77,18 @@ class BackendRegistry:
         if loaded is not None:
             return loaded
         target = _BACKENDS.get(name)
-        if target is None:
-            raise EdgedError(
-                ErrorCode.UNSUPPORTED, f"unable to find backend '{name}': edged does not provide the '{name}' backend"
-            )
-        module_name, attribute = target.split(":")
-        backend_class = getattr(importlib.import_module(module_name), attribute)
-        backend: Backend = backend_class(self.settings(name), self._host)
+        if target is not None:
+            module_name, attribute = target.split(":")
+            backend_class = getattr(importlib.import_module(module_name), attribute)
+        else:
+            backend_class = _plugin(name)
+        try:
+            backend: Backend = backend_class(self.settings(name), self._host)
+        except EdgedError:
+            raise
+        except Exception as exc:
+            log.debug("the '%s' backend failed to start", name, exc_info=True)
+            raise EdgedError(ErrorCode.INTERNAL, f"the '{name}' backend failed to start: {exc!r}") from None
         self._loaded[name] = backend
         return backend
 
@@ -79,3 +100,25 @@ class BackendRegistry:
             if snapshot is not None:
                 families.extend(snapshot())
         return families
+
+
+def _plugin(name: str) -> Any:
+    """The Backend class an installed distribution registers under ``name``; UNSUPPORTED when none does, INTERNAL
+    (with the distribution and the error, the traceback in the log) when it cannot be imported."""
+    found = entry_points(group=PLUGIN_GROUP, name=name)
+    if not found:
+        raise EdgedError(
+            ErrorCode.UNSUPPORTED,
+            f"unable to find backend '{name}': edged does not provide the '{name}' backend and no installed package "
+            f"registers it (in the '{PLUGIN_GROUP}' entry point group)",
+        )
+    entry = next(iter(found))
+    package = entry.dist.name if entry.dist is not None else "an unnamed package"
+    try:
+        return entry.load()
+    except Exception as exc:  # whatever a third party's import raises, the daemon goes on
+        # The traceback is the package's maker's to read: at debug level (--log-verbose=1); the reason is the model's.
+        log.debug("the '%s' backend of %s failed to import", name, package, exc_info=True)
+        raise EdgedError(
+            ErrorCode.INTERNAL, f"the '{name}' backend of {package} failed to import: {type(exc).__name__}: {exc}"
+        ) from None
