@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import modelgen
 import numpy as np
@@ -73,11 +73,11 @@ def plugin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield running
 
 
-def _scale_http(server: Server, model: str, values: np.ndarray) -> np.ndarray:
+def _scale_http(server: Server, model: str, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     client = httpclient.InferenceServerClient(server.http_url)
     tensor = httpclient.InferInput("INPUT0", list(values.shape), "FP32")
     tensor.set_data_from_numpy(values)
-    result = client.infer(model, [tensor]).as_numpy("OUTPUT0")
+    result: np.ndarray[Any, Any] | None = client.infer(model, [tensor]).as_numpy("OUTPUT0")
     client.close()
     assert result is not None
     return result
