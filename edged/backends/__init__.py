@@ -36,6 +36,7 @@ PLUGIN_GROUP = "edged.backends"
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "edged.backends.onnxruntime:OnnxRuntimeBackend",
     "python": "edged.backends.python.backend:PythonBackend",
+    "fil": "edged.backends.fil:FilBackend",
     # Not a backend in Triton's sense (a scheduler over other models, in the core), but loaded the same way.
     "ensemble": "edged.core.scheduling.ensemble:EnsembleBackend",
 }
