@@ -37,6 +37,7 @@ _BACKENDS: dict[str, str] = {
     "onnxruntime": "edged.backends.onnxruntime:OnnxRuntimeBackend",
     "python": "edged.backends.python.backend:PythonBackend",
     "fil": "edged.backends.fil:FilBackend",
+    "pytorch": "edged.backends.pytorch:PyTorchBackend",
     # Not a backend in Triton's sense (a scheduler over other models, in the core), but loaded the same way.
     "ensemble": "edged.core.scheduling.ensemble:EnsembleBackend",
 }
