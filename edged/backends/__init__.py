@@ -38,6 +38,7 @@ _BACKENDS: dict[str, str] = {
     "python": "edged.backends.python.backend:PythonBackend",
     "fil": "edged.backends.fil:FilBackend",
     "pytorch": "edged.backends.pytorch:PyTorchBackend",
+    "openvino": "edged.backends.openvino:OpenVinoBackend",
     # Not a backend in Triton's sense (a scheduler over other models, in the core), but loaded the same way.
     "ensemble": "edged.core.scheduling.ensemble:EnsembleBackend",
 }
