@@ -39,6 +39,7 @@ _BACKENDS: dict[str, str] = {
     "fil": "edged.backends.fil:FilBackend",
     "pytorch": "edged.backends.pytorch:PyTorchBackend",
     "openvino": "edged.backends.openvino:OpenVinoBackend",
+    "tensorflow": "edged.backends.tensorflow:TensorFlowBackend",
     # Not a backend in Triton's sense (a scheduler over other models, in the core), but loaded the same way.
     "ensemble": "edged.core.scheduling.ensemble:EnsembleBackend",
 }
