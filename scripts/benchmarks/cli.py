@@ -10,7 +10,7 @@ from typing import Final
 
 import benchmarks
 
-from . import batching, console, footprint, protocols, python, sync, tls, workers
+from . import backends, batching, console, footprint, protocols, python, sync, tls, workers
 from .common import BENCH_DIR, PROTOCOLS, Phase
 
 # In the order --help lists them.
@@ -22,6 +22,7 @@ PHASES: Final[tuple[Phase, ...]] = (
     console.PHASE,
     footprint.PHASE,
     workers.PHASE,
+    backends.PHASE,
 )
 
 
