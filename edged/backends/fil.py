@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from edged.backends.batches import InstancesModel
 from edged.core.devices import instance_placements
 from edged.core.request.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode, invalid_arg
@@ -82,7 +83,7 @@ class FilBackend:
         if len(config.input) != 1 or len(config.output) != 1:
             raise invalid_arg(f"model '{config.name}': a fil model has one input (input__0) and one output (output__0)")
 
-    def load(self, config: ModelConfig, context: LoadContext) -> FilModel:
+    def load(self, config: ModelConfig, context: LoadContext) -> InstancesModel[FilInstance]:
         options = _Options(config)
         path = context.version_dir / (config.default_model_filename or DEFAULT_FILES[options.model_type])
         forest = _load_forest(self._treelite, options, path, config.name)
@@ -103,7 +104,7 @@ class FilBackend:
             FilInstance(placement.name, self._treelite, forest, options, output.name, list(output.dims))
             for placement in placements
         ]
-        return FilModel(instances)
+        return InstancesModel(instances)
 
 
 class _Options:
@@ -155,18 +156,6 @@ def _load_forest(treelite: Any, options: _Options, path: Path, model: str) -> An
         lines = str(exc).strip().splitlines()
         reason = _TREELITE_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
         raise invalid_arg(f"model '{model}': {path.name} is not a {options.model_type} model: {reason}") from None
-
-
-class FilModel:
-    def __init__(self, instances: list[FilInstance]) -> None:
-        self._instances = instances
-
-    @property
-    def instances(self) -> Sequence[FilInstance]:
-        return self._instances
-
-    def unload(self) -> None:
-        self._instances = []
 
 
 class FilInstance:

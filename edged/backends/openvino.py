@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from edged.backends.batches import InstancesModel, split, stacked
 from edged.core.devices import InstancePlacement, instance_placements
-from edged.core.request.datatypes import CONFIG_BY_WIRE_NAME, wire_name_for_numpy
-from edged.core.request.inference import InferOutput, InferResponse
+from edged.core.request.datatypes import CONFIG_BY_WIRE_NAME
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 if TYPE_CHECKING:
     from edged.core.backend_api import LoadContext, ServerApi
-    from edged.core.request.inference import InferRequest
+    from edged.core.request.inference import InferRequest, InferResponse
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -77,7 +77,7 @@ class OpenVinoBackend:
                 entry = declared.add(name=tensor.get_any_name(), data_type=_config_type(config, tensor))
                 entry.dims.extend((dims[1:] if batching else dims) or [1])
 
-    def load(self, config: ModelConfig, context: LoadContext) -> OpenVinoModel:
+    def load(self, config: ModelConfig, context: LoadContext) -> InstancesModel[OpenVinoInstance]:
         properties = {key: p.string_value.strip() for key, p in config.parameters.items()}
         skip_dynamic = properties.pop(_SKIP_DYNAMIC_BATCH, "NO").upper() == "YES"
         model = self._read(config, context)
@@ -96,7 +96,7 @@ class OpenVinoBackend:
                 raise invalid_arg(f"model '{config.name}': OpenVINO cannot compile it for {device}: {why}") from None
             share = cpu_share if device == "CPU" else 0.0
             instances.append(OpenVinoInstance(placement.name, compiled, config, share))
-        return OpenVinoModel(instances)
+        return InstancesModel(instances)
 
     def _read(self, config: ModelConfig, context: LoadContext) -> Any:
         path = context.model_file
@@ -142,18 +142,6 @@ def _first_line(exc: Exception) -> str:
     return lines[0] if lines else (text.splitlines()[0] if text else type(exc).__name__)
 
 
-class OpenVinoModel:
-    def __init__(self, instances: list[OpenVinoInstance]) -> None:
-        self._instances = instances
-
-    @property
-    def instances(self) -> Sequence[OpenVinoInstance]:
-        return self._instances
-
-    def unload(self) -> None:
-        self._instances = []
-
-
 class OpenVinoInstance:
     def __init__(self, name: str, compiled: Any, config: ModelConfig, cpu_share: float) -> None:
         self._name = name
@@ -168,27 +156,15 @@ class OpenVinoInstance:
 
     def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
         started = time.perf_counter_ns()
-        feeds: dict[str, Any] = {}
-        for tensor in requests[0].inputs:
-            parts: list[Any] = [next(t.data for t in request.inputs if t.name == tensor.name) for request in requests]
-            feeds[tensor.name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        feeds = {tensor.name: stacked(requests, tensor.name) for tensor in requests[0].inputs}
         fed = time.perf_counter_ns()
         try:
             results = self._request.infer(feeds)
         except RuntimeError as exc:
             return [EdgedError(ErrorCode.INTERNAL, f"openvino execute failure: {_first_line(exc)}")] * len(requests)
         ran = time.perf_counter_ns()
-        arrays = {port.get_any_name(): np.array(value) for port, value in results.items()}
-        responses: list[InferResponse | EdgedError] = []
-        start = 0
-        for request in requests:
-            end = start + request.batch_size
-            outputs = []
-            for name in self._outputs:
-                array = arrays[name]
-                part = array[start:end] if self._batching and len(requests) > 1 else array
-                outputs.append(InferOutput(name, wire_name_for_numpy(part.dtype), tuple(part.shape), part))
-            responses.append(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
-            start = end
+        named = {port.get_any_name(): np.array(value) for port, value in results.items()}
+        arrays = {name: named[name] for name in self._outputs}
+        responses = split(requests, arrays, self._batching)
         timing.input_ns, timing.infer_ns, timing.output_ns = fed - started, ran - fed, time.perf_counter_ns() - ran
         return responses

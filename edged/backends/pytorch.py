@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from edged.backends.batches import InstancesModel, split
 from edged.core.devices import instance_placements
-from edged.core.request.datatypes import wire_name_for_numpy
-from edged.core.request.inference import InferOutput, InferResponse
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 if TYPE_CHECKING:
     from edged.core.backend_api import LoadContext, ServerApi
-    from edged.core.request.inference import InferRequest
+    from edged.core.request.inference import InferRequest, InferResponse
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -65,7 +64,7 @@ class PyTorchBackend:
         if not config.input or not config.output:
             raise invalid_arg(f"model '{config.name}': a pytorch model's config must list its inputs and outputs")
 
-    def load(self, config: ModelConfig, context: LoadContext) -> PyTorchModel:
+    def load(self, config: ModelConfig, context: LoadContext) -> InstancesModel[PyTorchInstance]:
         torch = self._torch
         options = _options(config)
         if not context.model_file.is_file():
@@ -95,7 +94,7 @@ class PyTorchBackend:
                 ) from None
             module.eval()
             instances.append(PyTorchInstance(placement.name, torch, module, device, config, options))
-        return PyTorchModel(instances)
+        return InstancesModel(instances)
 
 
 def _options(config: ModelConfig) -> dict[str, Any]:
@@ -113,18 +112,6 @@ def _options(config: ModelConfig) -> dict[str, Any]:
         else:
             raise invalid_arg(f"model '{config.name}': unknown pytorch parameter '{key}'")
     return options
-
-
-class PyTorchModel:
-    def __init__(self, instances: list[PyTorchInstance]) -> None:
-        self._instances = instances
-
-    @property
-    def instances(self) -> Sequence[PyTorchInstance]:
-        return self._instances
-
-    def unload(self) -> None:
-        self._instances = []
 
 
 class PyTorchInstance:
@@ -164,16 +151,7 @@ class PyTorchInstance:
         except (RuntimeError, IndexError, TypeError, ValueError) as exc:  # what TorchScript raises at run time
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return [EdgedError(ErrorCode.INTERNAL, f"pytorch execute failure: {reason}")] * len(requests)
-        responses: list[InferResponse | EdgedError] = []
-        start = 0
-        for request in requests:
-            end = start + request.batch_size
-            outputs = []
-            for name, array in arrays.items():
-                part = array[start:end] if self._batching and len(requests) > 1 else array
-                outputs.append(InferOutput(name, wire_name_for_numpy(part.dtype), tuple(part.shape), part))
-            responses.append(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
-            start = end
+        responses = split(requests, arrays, self._batching)
         timing.input_ns, timing.infer_ns, timing.output_ns = fed - started, ran - fed, time.perf_counter_ns() - ran
         return responses
 

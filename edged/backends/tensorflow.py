@@ -17,15 +17,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
-
-from edged.core.request.datatypes import CONFIG_BY_WIRE_NAME, wire_name_for_numpy
-from edged.core.request.inference import InferOutput, InferResponse
+from edged.backends.batches import InstancesModel, split, stacked
+from edged.core.request.datatypes import CONFIG_BY_WIRE_NAME
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
 if TYPE_CHECKING:
     from edged.core.backend_api import LoadContext, ServerApi
-    from edged.core.request.inference import InferRequest
+    from edged.core.request.inference import InferRequest, InferResponse
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig
 
@@ -75,7 +73,7 @@ class TensorFlowBackend:
                 entry = declared.add(name=name, data_type=_config_type(config, spec.dtype.name))
                 entry.dims.extend((dims[1:] if batching else dims) or [1])
 
-    def load(self, config: ModelConfig, context: LoadContext) -> TensorFlowModel:
+    def load(self, config: ModelConfig, context: LoadContext) -> InstancesModel[TensorFlowInstance]:
         signature = self._signature(config, context)
         inputs = signature.structured_input_signature[1]
         outputs = signature.structured_outputs
@@ -88,7 +86,7 @@ class TensorFlowBackend:
                     )
         count = sum(group.count for group in config.instance_group) or 1
         instances = [TensorFlowInstance(f"{config.name}_{i}", self._tf, signature, config) for i in range(count)]
-        return TensorFlowModel(instances)
+        return InstancesModel(instances)
 
     def _signature(self, config: ModelConfig, context: LoadContext) -> Any:
         values = {key: parameter.string_value.strip() for key, parameter in config.parameters.items()}
@@ -123,18 +121,6 @@ def _config_type(config: ModelConfig, dtype: str) -> int:
     return CONFIG_BY_WIRE_NAME[wire]
 
 
-class TensorFlowModel:
-    def __init__(self, instances: list[TensorFlowInstance]) -> None:
-        self._instances = instances
-
-    @property
-    def instances(self) -> Sequence[TensorFlowInstance]:
-        return self._instances
-
-    def unload(self) -> None:
-        self._instances = []
-
-
 class TensorFlowInstance:
     def __init__(self, name: str, tf: Any, signature: Any, config: ModelConfig) -> None:
         self._name = name
@@ -150,10 +136,7 @@ class TensorFlowInstance:
     def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
         tf = self._tf
         started = time.perf_counter_ns()
-        feeds: dict[str, Any] = {}
-        for tensor in requests[0].inputs:
-            parts: list[Any] = [next(t.data for t in request.inputs if t.name == tensor.name) for request in requests]
-            feeds[tensor.name] = tf.constant(np.concatenate(parts) if len(parts) > 1 else parts[0])
+        feeds = {tensor.name: tf.constant(stacked(requests, tensor.name)) for tensor in requests[0].inputs}
         fed = time.perf_counter_ns()
         try:
             results = self._signature(**feeds)
@@ -162,15 +145,6 @@ class TensorFlowInstance:
             return [EdgedError(ErrorCode.INTERNAL, f"tensorflow execute failure: {reason}")] * len(requests)
         ran = time.perf_counter_ns()
         arrays = {name: results[name].numpy() for name in self._outputs}
-        responses: list[InferResponse | EdgedError] = []
-        start = 0
-        for request in requests:
-            end = start + request.batch_size
-            outputs = []
-            for name, array in arrays.items():
-                part = array[start:end] if self._batching and len(requests) > 1 else array
-                outputs.append(InferOutput(name, wire_name_for_numpy(part.dtype), tuple(part.shape), part))
-            responses.append(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
-            start = end
+        responses = split(requests, arrays, self._batching)
         timing.input_ns, timing.infer_ns, timing.output_ns = fed - started, ran - fed, time.perf_counter_ns() - ran
         return responses
