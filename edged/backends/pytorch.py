@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from edged.backends.batches import InstancesModel, split
+from edged.backends.batches import InstancesModel, split, stacked
 from edged.core.devices import instance_placements
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
@@ -156,13 +156,11 @@ class PyTorchInstance:
         return responses
 
     def _argument(self, requests: Sequence[InferRequest], name: str) -> Any:
-        arrays = []
-        for request in requests:
-            tensor = next(t for t in request.inputs if t.name == name)
-            if tensor.data is None or tensor.data.dtype == np.object_:
-                raise EdgedError(ErrorCode.UNSUPPORTED, f"input '{name}': the pytorch backend takes no BYTES tensors")
-            arrays.append(tensor.data)
-        data = np.concatenate(arrays) if len(arrays) > 1 else np.array(arrays[0], copy=not arrays[0].flags.writeable)
+        data = stacked(requests, name)
+        if data.dtype == np.object_:
+            raise EdgedError(ErrorCode.UNSUPPORTED, f"input '{name}': the pytorch backend takes no BYTES tensors")
+        if not data.flags.writeable:  # a view over the request's bytes: torch.from_numpy wants memory it may write
+            data = data.copy()
         return self._torch.from_numpy(data).to(self._device)
 
 

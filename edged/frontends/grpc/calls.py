@@ -48,7 +48,7 @@ _QUEUED_MESSAGES: Final = 4
 class Method:
     """One RPC: how its request is parsed, what serves it, and whether the client streams."""
 
-    parse: Callable[[bytes], Any]
+    parse: Callable[[bytes | memoryview], Any]
     serve: Callable[..., Any]
     streaming: bool
 
@@ -179,8 +179,8 @@ class Call:
             else:
                 self._messages.put_nowait(None)
             return
-        body = bytes(self._body)
-        self._body = bytearray()
+        # Parsed in place: protobuf copies what it keeps, so the body is not copied first (a tensor may be MiBs).
+        body = memoryview(self._body)
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             # grpc's text for a unary request without exactly one message.
             self._finish(StatusCode.INTERNAL, "Failed to read the request: not exactly one message")
@@ -240,7 +240,7 @@ class Call:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    def _decode(self, framed: bytes) -> Any:
+    def _decode(self, framed: bytes | memoryview) -> Any:
         payload = framed[5:]
         if framed[0]:
             if self._inflate is None:

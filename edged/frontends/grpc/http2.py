@@ -107,7 +107,11 @@ class Http2Connection(asyncio.Protocol):
         self._peer_stream_window = DEFAULT_WINDOW
         self._recv_window = CONNECTION_WINDOW
         self._unacknowledged = 0
-        self._buffer = b""
+        # Bytes of a frame not complete yet, kept as they came and joined once the frame is whole: joining on every
+        # read would copy a large frame once per read (a 600 KB tensor arrives in many).
+        self._held: list[bytes] = []
+        self._held_size = 0
+        self._wanted = len(PREFACE)  # bytes held before parsing can go on
         self._preface = False
         self._settled = False  # the client's first SETTINGS came
         self._last_stream = 0
@@ -257,14 +261,19 @@ class Http2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        if self._buffer:
-            data = self._buffer + data
+        if self._held:
+            self._held.append(data)
+            self._held_size += len(data)
+            if self._held_size < self._wanted:
+                return
+            data = b"".join(self._held)
+            self._held.clear()
         try:
             if not self._preface:
                 if len(data) < len(PREFACE):
                     if not PREFACE.startswith(data):
                         raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                    self._buffer = data
+                    self._hold(data, len(PREFACE))
                     return
                 if not data.startswith(PREFACE):
                     raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
@@ -272,11 +281,13 @@ class Http2Connection(asyncio.Protocol):
                 data = data[len(PREFACE) :]
             position = 0
             end = len(data)
+            wanted = 9
             while end - position >= 9:
                 size = (data[position] << 16) | (data[position + 1] << 8) | data[position + 2]
                 if size > MAX_FRAME:
                     raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                 if end - position < 9 + size:
+                    wanted = 9 + size
                     break
                 kind = data[position + 3]
                 flags = data[position + 4]
@@ -286,11 +297,17 @@ class Http2Connection(asyncio.Protocol):
                 self._frame(kind, flags, stream_id, payload)
                 if self.closed:
                     return
-            self._buffer = data[position:]
+            if position < end:
+                self._hold(data[position:], wanted)
         except ProtocolError as exc:
             log.debug("gRPC connection closed: %s", exc)
-            self._buffer = b""
+            self._held.clear()
             self.go_away(exc.code, str(exc))
+
+    def _hold(self, rest: bytes, wanted: int) -> None:
+        self._held.append(rest)
+        self._held_size = len(rest)
+        self._wanted = wanted
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._headers is not None and kind != CONTINUATION:

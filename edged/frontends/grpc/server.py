@@ -78,7 +78,7 @@ class GrpcServer:
         self._relay_socket = relay_socket
         self._servicer = servicer
         self._limits = Limits(options.max_message_size)
-        self._connections: set[Http2Connection] = set()
+        # The open connections, each with its peer as grpc writes it.
         self._peers: dict[Http2Connection, str] = {}
         self._servers: list[asyncio.AbstractServer] = []
 
@@ -103,7 +103,7 @@ class GrpcServer:
             server.close()
         if self._servicer is not None:
             self._servicer.close_streams()
-        for connection in list(self._connections):
+        for connection in list(self._peers):
             connection.go_away()
         tasks = set(self._limits.tasks)
         if tasks:
@@ -112,7 +112,7 @@ class GrpcServer:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=1.0)
-        for connection in list(self._connections):
+        for connection in list(self._peers):
             connection.abort()
 
     def _connection(self) -> Http2Connection:
@@ -126,15 +126,13 @@ class GrpcServer:
         )
 
     def _opened(self, connection: Http2Connection) -> bool:
-        if len(self._connections) >= self._options.max_connections:
-            log.debug("gRPC connection refused: %d connections are open", len(self._connections))
+        if len(self._peers) >= self._options.max_connections:
+            log.debug("gRPC connection refused: %d connections are open", len(self._peers))
             return False
-        self._connections.add(connection)
         self._peers[connection] = _peer(connection.transport)
         return True
 
     def _closed(self, connection: Http2Connection) -> None:
-        self._connections.discard(connection)
         self._peers.pop(connection, None)
 
     def _stream(self, stream: Stream, headers: list[tuple[bytes, bytes]]) -> StreamHandler | None:

@@ -301,7 +301,7 @@ class InferenceServicer:
 
     @_unary
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        # grpc.aio cancels this coroutine when the client cancels, which stops the request wherever it waits.
+        # The call is cancelled when the client cancels, which stops the request wherever it waits.
         reply = pb.ModelInferResponse()
         await self._infer(request, reply, streaming=False)
         return reply
