@@ -310,6 +310,8 @@ def test_keyboard_and_phone_width(console: Server, browser: Browser) -> None:
         page.keyboard.press("Tab")
         assert page.evaluate("document.activeElement.textContent.trim()") == "Skip to content"
         page.keyboard.press("Enter")
+        # The jump is a same-page navigation the browser reports a moment later: waited for, not raced.
+        page.wait_for_url(re.compile(r"#main$"), timeout=5000)
         assert page.url.endswith("#main")
         links = page.locator("nav a").evaluate_all("links => links.map(link => link.getAttribute('href'))")
         assert "/models" in links and "/history" in links
