@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import numpy as np
+
 from .common import PA_ROOT, PERF_ANALYZER, say
 from .cuda import ensure_cuda_runtime
 from .measurement import Measurement, Mode, SharedMemory, percentile_us
@@ -70,6 +72,8 @@ class PerfAnalyzer(LoadGenerator):
             "-v",  # prints every window, used when no three agree
             "-f", csv_name,
         ]  # fmt: skip
+        if model.rows > 1:
+            command += ["-b", str(model.rows)]
         if mode.streaming:
             command.append("--streaming")
         if mode.tls:
@@ -131,7 +135,7 @@ class PythonClient(LoadGenerator):
     def measure(self, model: BenchModel, mode: Mode, ports: Ports, concurrency: int, label: str) -> Measurement:
         import tritonclient.http as httpclient
 
-        feeds = model.make_inputs()
+        feeds = {name: np.repeat(array, model.rows, axis=0) for name, array in model.make_inputs().items()}
         start = threading.Barrier(concurrency + 1)
         deadline = 0.0
 
@@ -170,7 +174,8 @@ class PythonClient(LoadGenerator):
                 elapsed = time.perf_counter() - began
         except Exception as exc:  # any client failure becomes this cell's error
             return Measurement(error=f"{type(exc).__name__}: {exc}")
-        return Measurement(len(latencies) / elapsed, percentile_us(latencies, 50), percentile_us(latencies, 99))
+        rate = len(latencies) * model.rows / elapsed
+        return Measurement(rate, percentile_us(latencies, 50), percentile_us(latencies, 99))
 
 
 def choose_load(modes: Sequence[Mode]) -> tuple[LoadGenerator, list[Mode], SharedMemory] | None:

@@ -82,6 +82,8 @@ class BenchModel:
     output_bytes: int
     # One request's inputs, batch 1.
     make_inputs: Callable[[], dict[str, Array]]
+    # Rows (batch size) of each request: perf_analyzer's -b, and the throughput counts rows.
+    rows: int = 1
 
 
 def add_sub_inputs() -> dict[str, Array]:
