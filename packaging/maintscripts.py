@@ -46,8 +46,8 @@ def sysusers_fallback(path: Path) -> list[str]:
         kind, name = fields[0], fields[1]
         if "%" in " ".join(fields):
             raise SnippetError(f"{where}: specifiers (%) have no adduser equivalent")
-        ident = field(fields, 2)
-        if ident is not None and not ident.isdigit():
+        ident = field(fields, 2)  # for "m", the group
+        if kind in ("u", "g") and ident is not None and not ident.isdigit():
             raise SnippetError(f"{where}: only a numeric id or '-' has an adduser equivalent, not {ident!r}")
         if kind == "u":
             command = ["adduser", "--system", "--group", "--quiet"]

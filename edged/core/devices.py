@@ -1,10 +1,13 @@
 """The devices model instances run on, and which instance goes where.
 
 The inventory is taken once, when the daemon starts: the CPUs this process may use, the NVIDIA GPUs that NVML
-reports (``libnvidia-ml.so.1`` comes with the driver; without it there are simply no GPUs), and whatever device
-plug-ins report. A plug-in is how an appliance adds accelerators edged cannot find by itself (an NPU, or the GPU
-of a board without NVML): an installed distribution that declares an entry point in the ``edged.devices`` group,
-naming a callable that takes no arguments and returns ``Device`` objects::
+reports (``libnvidia-ml.so.1`` comes with the driver; without it there are simply no GPUs), the Intel NPUs (Core
+Ultra's NPU, which OpenVINO runs models on) that the kernel's ``intel_vpu`` driver has bound, and whatever device
+plug-ins report. Intel NPUs are numbered first (0, 1, ... in the order of their ``/dev/accel/accel<N>`` nodes); a
+plug-in's NPU with a number already taken is ignored with a warning. A plug-in is how an appliance adds
+accelerators edged cannot find by itself (another NPU, or the GPU of a board without NVML): an installed
+distribution that declares an entry point in the ``edged.devices`` group, naming a callable that takes no arguments
+and returns ``Device`` objects::
 
     [project.entry-points."edged.devices"]
     rbln = "edged_rbln:devices"      # def devices() -> list[Device]: [Device("NPU", 0, "RBLN-CA12"), ...]
@@ -23,6 +26,7 @@ import logging
 import os
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -50,7 +54,7 @@ class Device:
     kind: DeviceKind
     id: int
     name: str = ""
-    source: str = ""  # "nvml" or the plug-in's entry point name, for the log
+    source: str = ""  # "nvml", "intel_vpu" or the plug-in's entry point name, for the log
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +68,10 @@ class DeviceInventory:
         return [gpu.id for gpu in self.gpus]
 
     @classmethod
-    def discover(cls) -> DeviceInventory:
+    def discover(cls, sysfs: Path = Path("/sys")) -> DeviceInventory:
         """This machine's devices. Never fails: a device source that is missing or broken adds nothing."""
         gpus: dict[int, Device] = {gpu.id: gpu for gpu in nvml_gpus()}
-        npus: dict[int, Device] = {}
+        npus: dict[int, Device] = {npu.id: npu for npu in intel_npus(sysfs)}
         for device in plugin_devices():
             found = gpus if device.kind == "GPU" else npus
             if device.id in found:
@@ -214,6 +218,39 @@ def _names(entry: str, device: _NvmlDevice) -> bool:
     if entry.isdigit():
         return device.index == int(entry)
     return entry.startswith("GPU-") and device.uuid.startswith(entry)
+
+
+# --- Intel NPUs through the kernel's accel class -------------------------------------------------------------
+
+INTEL_NPU_DRIVER = "intel_vpu"
+# The PCI device ids the intel_vpu driver names; a newer one is listed by its id.
+_INTEL_NPU_GENERATIONS = {0x7D1D: "Meteor Lake", 0xAD1D: "Arrow Lake", 0x643E: "Lunar Lake", 0xB03E: "Panther Lake"}
+
+
+def intel_npus(sysfs: Path = Path("/sys")) -> list[Device]:
+    """The accel devices (``/sys/class/accel/accel<N>``) bound to the ``intel_vpu`` driver, in the order of N.
+
+    Read from sysfs rather than asked of OpenVINO: the inventory is taken at start-up, before (and without) any
+    framework, and sysfs answers in microseconds. Whether OpenVINO's NPU plug-in can use the device is the
+    backend's question when it compiles a model."""
+    entries: list[tuple[int, Path]] = []
+    try:
+        for entry in (sysfs / "class" / "accel").iterdir():
+            if entry.name.startswith("accel") and entry.name[5:].isdigit():
+                entries.append((int(entry.name[5:]), entry))
+    except OSError:  # no accel class: a kernel without the subsystem, or no accelerator at all
+        return []
+    found: list[Device] = []
+    for _, entry in sorted(entries):
+        try:
+            if Path(os.readlink(entry / "device" / "driver")).name != INTEL_NPU_DRIVER:
+                continue
+            pci_id = int((entry / "device" / "device").read_text(encoding="ascii").strip(), 16)
+        except (OSError, ValueError):
+            continue
+        generation = _INTEL_NPU_GENERATIONS.get(pci_id, f"PCI {pci_id:#06x}")
+        found.append(Device("NPU", len(found), f"Intel NPU ({generation})", INTEL_NPU_DRIVER))
+    return found
 
 
 # --- plug-ins ------------------------------------------------------------------------------------------------

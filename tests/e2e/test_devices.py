@@ -381,3 +381,45 @@ def test_nvml_gpus_follow_cuda_visible_devices_and_skip_old_gpus(monkeypatch: py
 
 def test_no_nvml_library_means_no_gpus() -> None:
     assert devices.nvml_gpus("libedged-no-such-library.so.1") == []
+
+
+def _accel(sysfs: Path, index: int, driver: str, pci_id: str) -> None:
+    """An accel device as the kernel lays it out: class entry -> PCI device, whose driver link names the driver."""
+    pci = sysfs / "devices" / "pci0000:00" / f"0000:00:{index:02x}.0"
+    (pci / "accel").mkdir(parents=True)
+    (pci / "device").write_text(f"{pci_id}\n", encoding="ascii")
+    drivers = sysfs / "bus" / "pci" / "drivers" / driver
+    drivers.mkdir(parents=True, exist_ok=True)
+    (pci / "driver").symlink_to(drivers)
+    node = pci / "accel" / f"accel{index}"
+    node.mkdir()
+    (node / "device").symlink_to(pci)
+    (sysfs / "class" / "accel").mkdir(parents=True, exist_ok=True)
+    (sysfs / "class" / "accel" / f"accel{index}").symlink_to(node)
+
+
+def test_intel_npus_are_the_accel_devices_of_the_intel_vpu_driver(tmp_path: Path) -> None:
+    _accel(tmp_path, 10, "intel_vpu", "0x1234")  # a generation newer than this list: named by its PCI id
+    _accel(tmp_path, 2, "intel_vpu", "0x643e")
+    _accel(tmp_path, 0, "habanalabs", "0x1020")  # an accel device of another driver is not an Intel NPU
+    _accel(tmp_path, 1, "intel_vpu", "0x7d1d")
+    found = devices.intel_npus(tmp_path)
+    # Numbered in the order of the accel nodes (numerically: accel10 after accel2).
+    assert [(d.kind, d.id, d.name) for d in found] == [
+        ("NPU", 0, "Intel NPU (Meteor Lake)"),
+        ("NPU", 1, "Intel NPU (Lunar Lake)"),
+        ("NPU", 2, "Intel NPU (PCI 0x1234)"),
+    ]
+    inventory = DeviceInventory.discover(tmp_path)
+    assert inventory.npus == tuple(found)
+    assert "NPUs: 0 (Intel NPU (Meteor Lake)), 1 (Intel NPU (Lunar Lake)), 2 (Intel NPU (PCI 0x1234))" in (
+        inventory.describe()
+    )
+
+
+def test_no_accel_class_or_a_broken_entry_means_no_intel_npus(tmp_path: Path) -> None:
+    assert devices.intel_npus(tmp_path) == []
+    _accel(tmp_path, 0, "intel_vpu", "not-hex")
+    _accel(tmp_path, 1, "intel_vpu", "0xad1d")
+    (tmp_path / "class" / "accel" / "accel7").mkdir()  # no device link
+    assert [(d.id, d.name) for d in devices.intel_npus(tmp_path)] == [(0, "Intel NPU (Arrow Lake)")]

@@ -351,6 +351,8 @@ def test_installs_runs_and_purges_in_a_debian_root(deb: Deb, debian_root: Path) 
     # install -d: the root has no systemd), and the unit enabled through deb-systemd-helper.
     user = _ok(_in_root(root, "getent", "passwd", "edged")).split(":")
     assert user[0] == "edged" and user[6].strip() == "/usr/sbin/nologin", user
+    # In the render group, which owns Intel NPUs' and GPUs' device nodes.
+    assert "render" in _ok(_in_root(root, "id", "-nG", "edged")).split()
     for line in (REPO_ROOT / "systemd/tmpfiles.d/edged.conf").read_text().splitlines():
         fields = line.split()
         if fields and fields[0].rstrip("!-") in ("d", "D"):

@@ -652,6 +652,8 @@ def test_sysusers_and_tmpfiles_create_the_user_and_the_directories(tmp_path: Pat
     assert "edged" in passwd, passwd
     _, _, uid, gid, _, home, shell = passwd["edged"]
     assert (home, shell) == ("/var/lib/edged", "/usr/sbin/nologin")
+    groups = {line.split(":")[0]: line.strip().split(":")[3] for line in (root / "etc/group").read_text().splitlines()}
+    assert "edged" in groups["render"].split(","), groups  # Intel NPUs' and GPUs' device nodes
     subprocess.run([tmpfiles, f"--root={root}", "--create"], capture_output=True, text=True, check=True)
     for directory in (root / "var/lib/edged", root / "var/lib/edged/models"):
         info = directory.stat()
