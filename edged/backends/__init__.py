@@ -40,6 +40,7 @@ _BACKENDS: dict[str, str] = {
     "pytorch": "edged.backends.pytorch:PyTorchBackend",
     "openvino": "edged.backends.openvino:OpenVinoBackend",
     "tensorflow": "edged.backends.tensorflow:TensorFlowBackend",
+    "tensorrt": "edged.backends.tensorrt:TensorRtBackend",
     # Not a backend in Triton's sense (a scheduler over other models, in the core), but loaded the same way.
     "ensemble": "edged.core.scheduling.ensemble:EnsembleBackend",
 }
