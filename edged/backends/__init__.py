@@ -81,6 +81,17 @@ class BackendRegistry:
         loaded = self._loaded.get(name)
         if loaded is not None:
             return loaded
+        settings = self.settings(name)
+        if "isolation" in self._config.get(name, {}):
+            from edged.backends.isolation import IsolatedBackend, isolation_of
+
+            if isolation_of(name, self._config[name]):
+                from edged.backends.python.backend import PythonBackend
+
+                python = self._build("python")
+                assert isinstance(python, PythonBackend)
+                self._loaded[name] = IsolatedBackend(name, python)
+                return self._loaded[name]
         target = _BACKENDS.get(name)
         if target is not None:
             module_name, attribute = target.split(":")
@@ -88,7 +99,7 @@ class BackendRegistry:
         else:
             backend_class = _plugin(name)
         try:
-            backend: Backend = backend_class(self.settings(name), self._host)
+            backend: Backend = backend_class(settings, self._host)
         except EdgedError:
             raise
         except Exception as exc:

@@ -1,4 +1,5 @@
-"""``--backends``: each framework backend against the framework called in-process on the same model.
+"""``--backends``: each framework backend against the framework called in-process on the same model, and against
+itself isolated in a process per instance.
 
 One model per installed framework, written for the run: an XGBoost forest served by the fil backend (1,000 trees of
 depth 8 on 64 features), and the same multilayer perceptron (1024 -> 4096 -> 4096 -> 10, FP32) as TorchScript, as
@@ -9,7 +10,8 @@ the perceptron). edged: perf_analyzer at concurrency 8 over HTTP, the model with
 Triton's documentation tunes it for 8 clients (``preferred_batch_size`` of the 8 requests' rows and a queue delay
 that only a missing request waits for). In-process: one thread calling the framework back to back on batches of
 the 8 requests' rows, the most dynamic batching at 8 clients can reach. A framework that is not installed is left
-out and named. Results go under the ``backends`` key of bench-results.json.
+out and named. The edged figures are taken twice: with the frameworks in the daemon, and isolated
+(``--backend-config <backend>,isolation=process``). Results go under the ``backends`` key of bench-results.json.
 
 Why both: one request costs about 230 us of CPU in client and server together on 2 cores (HTTP, binary tensors),
 more than a row of the forest (about 65 us). With one row per request the protocol bounds the forest, and the
@@ -61,6 +63,7 @@ Builder = Callable[[Path], tuple[str, Callable[[Array], Callable[[], None]]]]
 @dataclass(frozen=True)
 class Framework:
     build: Builder
+    backend: str  # edged's name for it
     label: str
     width: int  # features of a row
     rows: int  # rows of a request in the many-row measurement
@@ -177,10 +180,10 @@ def _tensorflow(folder: Path) -> tuple[str, Callable[[Array], Callable[[], None]
 
 
 FRAMEWORKS: Final = {
-    "fil_xgboost": Framework(_fil, "fil (Treelite, XGBoost model)", FEATURES, 64),
-    "pytorch_mlp": Framework(_pytorch, "pytorch (TorchScript)", WIDTH, 16),
-    "openvino_mlp": Framework(_openvino, "openvino (IR)", WIDTH, 16),
-    "tensorflow_mlp": Framework(_tensorflow, "tensorflow (SavedModel)", WIDTH, 16),
+    "fil_xgboost": Framework(_fil, "fil", "fil (Treelite, XGBoost model)", FEATURES, 64),
+    "pytorch_mlp": Framework(_pytorch, "pytorch", "pytorch (TorchScript)", WIDTH, 16),
+    "openvino_mlp": Framework(_openvino, "openvino", "openvino (IR)", WIDTH, 16),
+    "tensorflow_mlp": Framework(_tensorflow, "tensorflow", "tensorflow (SavedModel)", WIDTH, 16),
 }
 
 
@@ -283,6 +286,12 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     ports = free_ports()
     measure_server("edged", edged_command(ports), ports, models, modes, load, keyed, SharedMemory(), retries,
                    concurrencies=(CONCURRENCY,), count_batches=True)  # fmt: skip
+    # The same models with every framework in a process per instance (--backend-config <backend>,isolation=process).
+    isolated = {model: Row(model, CONCURRENCY, "http") for model in served}
+    keyed = {(model, "http", CONCURRENCY): row for model, row in isolated.items()}
+    isolation = [f"--backend-config={f.backend},isolation=process" for f in FRAMEWORKS.values()]
+    measure_server("edged", [*edged_command(ports), *isolation], ports, models, modes, load, keyed, SharedMemory(),
+                   retries, concurrencies=(CONCURRENCY,), count_batches=True, name="edged-isolated")  # fmt: skip
     # This machine's speed drifts by 10-20% over minutes: in-process is measured before and after edged, and the
     # ratio is against the mean of the two.
     after = _in_process_all(served, seconds, "after edged")
@@ -296,10 +305,13 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         f"edged rows/s (conc {CONCURRENCY})",
         "ratio",
         "mean batch (rows)",
+        "isolated rows/s",
+        "isolated/in the daemon",
     )
     body = [
         (model, FRAMEWORKS[what.framework].label, str(what.rows), fmt_measured(rows[model].in_process),
-         fmt_measured(rows[model].edged), ratio(rows[model]), batch(rows[model]))
+         fmt_measured(rows[model].edged), ratio(rows[model]), batch(rows[model]),
+         fmt_measured(isolated[model].edged), fmt_ratio(isolated[model].edged, rows[model].edged))
         for model, what in served.items()
     ]  # fmt: skip
     print()
@@ -317,7 +329,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         "backends",
         {**run_info(argv, machine, load), "missing": missing, "cpu_busy_before": busy,
          "rows": [{"model": model, "rows_per_request": served[model].rows, "in_process": asdict(row.in_process),
-                   "edged": asdict(row.edged)} for model, row in rows.items()]},
+                   "edged": asdict(row.edged), "edged_isolated": asdict(isolated[model].edged)}
+                  for model, row in rows.items()]},
     )  # fmt: skip
     print_saved(began, "backends")
     return 0
