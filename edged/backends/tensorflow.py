@@ -4,7 +4,9 @@ the version folder), run by TensorFlow's CPU build in the daemon.
 As Triton's backend: the signature is ``TF_SIGNATURE_DEF`` (``serving_default`` unless set) of the MetaGraph tagged
 ``TF_GRAPH_TAG`` (``serve`` unless set); the config's inputs and outputs are the signature's input and output keys,
 and a config that leaves them out is filled from the signature (batching when every tensor's first dimension is
-unknown). Requests batched together are concatenated along dimension 0 and their outputs split back.
+unknown). Requests batched together are concatenated along dimension 0 and their outputs split back. Instances have
+Triton's names; KIND_GPU instances run on ``/GPU:<id>`` where the installed TensorFlow has GPUs (the CPU build has
+none, and refuses them with that reason).
 
 TensorFlow comes with the ``tensorflow`` extra (``pip install edged[tensorflow]``, the CPU build) and is imported
 with the first SavedModel; its own C++ logging below errors is silenced unless ``TF_CPP_MIN_LOG_LEVEL`` is set.
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from edged.backends.batches import InstancesModel, split, stacked
+from edged.core.devices import instance_placements
 from edged.core.request.datatypes import CONFIG_BY_WIRE_NAME
 from edged.errors import EdgedError, ErrorCode, invalid_arg
 
@@ -84,8 +87,19 @@ class TensorFlowBackend:
                         f"model '{config.name}': {side} '{tensor.name}' is not in the signature's {side}s "
                         f"({', '.join(sorted(have))})"
                     )
-        count = sum(group.count for group in config.instance_group) or 1
-        instances = [TensorFlowInstance(f"{config.name}_{i}", self._tf, signature, config) for i in range(count)]
+        instances = []
+        for placement in instance_placements(config, context.devices):
+            device = "/CPU:0"
+            if placement.kind == "GPU":
+                gpus = self._tf.config.list_physical_devices("GPU")
+                if placement.device_id >= len(gpus):
+                    raise EdgedError(
+                        ErrorCode.UNSUPPORTED,
+                        f"model '{config.name}': KIND_GPU on GPU {placement.device_id}, but this TensorFlow sees "
+                        f"{len(gpus)} GPU(s) (tensorflow-cpu sees none: install a CUDA build of TensorFlow)",
+                    )
+                device = f"/GPU:{placement.device_id}"
+            instances.append(TensorFlowInstance(placement.name, self._tf, signature, config, device))
         return InstancesModel(instances)
 
     def _signature(self, config: ModelConfig, context: LoadContext) -> Any:
@@ -122,8 +136,9 @@ def _config_type(config: ModelConfig, dtype: str) -> int:
 
 
 class TensorFlowInstance:
-    def __init__(self, name: str, tf: Any, signature: Any, config: ModelConfig) -> None:
+    def __init__(self, name: str, tf: Any, signature: Any, config: ModelConfig, device: str) -> None:
         self._name = name
+        self._device = device
         self._tf = tf
         self._signature = signature
         self._outputs = [output.name for output in config.output]
@@ -136,10 +151,12 @@ class TensorFlowInstance:
     def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
         tf = self._tf
         started = time.perf_counter_ns()
-        feeds = {tensor.name: tf.constant(stacked(requests, tensor.name)) for tensor in requests[0].inputs}
+        with tf.device(self._device):
+            feeds = {tensor.name: tf.constant(stacked(requests, tensor.name)) for tensor in requests[0].inputs}
         fed = time.perf_counter_ns()
         try:
-            results = self._signature(**feeds)
+            with tf.device(self._device):
+                results = self._signature(**feeds)
         except (tf.errors.OpError, ValueError, TypeError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return [EdgedError(ErrorCode.INTERNAL, f"tensorflow execute failure: {reason}")] * len(requests)

@@ -5,6 +5,7 @@ that cannot load, each UNAVAILABLE with its reason while the others serve."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -16,10 +17,14 @@ import treelite
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import xgboost
-from server import Server, run_server
+from server import REPO_ROOT, Server, run_server
 
 FEATURES: Final = 6
 ROWS: Final = np.random.default_rng(7).random((64, FEATURES), dtype=np.float32)
+# XGBoost's legacy binary format (model_type "xgboost", xgboost.model), which XGBoost 3 neither writes nor reads: a
+# 10-tree classifier on 4 features saved by XGBoost 1.7.6 twice, as xgboost.model and as the same booster in JSON,
+# which XGBoost 3 predicts from.
+LEGACY: Final = REPO_ROOT / "tests" / "testdata" / "xgboost_legacy"
 
 
 def _config(model_type: str, output_dims: int, **parameters: str) -> str:
@@ -94,6 +99,10 @@ def fil_server(tmp_path_factory: pytest.TempPathFactory, trained: Trained) -> It
            lambda p: trained.multiclass.save_model(str(p)))  # fmt: skip
     _model(repository, "checkpoint", _config("treelite_checkpoint", 1, output_class="true", predict_proba="true"),
            "checkpoint.tl", checkpoint)  # fmt: skip
+    legacy = _config("xgboost", 1, output_class="true", predict_proba="true").replace(
+        f"dims: [ {FEATURES} ]", "dims: [ 4 ]"
+    )
+    _model(repository, "legacy_binary", legacy, "xgboost.model", lambda p: shutil.copy(LEGACY / "xgboost.model", p))
     # Models that cannot load.
     _model(repository, "not_a_model", _config("xgboost_json", 1), "xgboost.json",
            lambda p: p.write_text("not json", encoding="utf-8"))  # fmt: skip
@@ -192,3 +201,9 @@ def test_without_treelite_the_model_says_what_to_install(tmp_path: Path, trained
         client.close()
     assert entry["state"] == "UNAVAILABLE"
     assert "the fil backend needs Treelite, which is not installed: install edged[fil]" in entry["reason"]
+
+
+def test_xgboost_legacy_binary_model(fil_server: Server) -> None:
+    rows = ROWS[:, :4].copy()
+    expected = xgboost.Booster(model_file=str(LEGACY / "xgboost.json")).predict(xgboost.DMatrix(rows)).reshape(-1, 1)
+    np.testing.assert_allclose(_predict(fil_server, "legacy_binary", rows), expected, rtol=1e-5, atol=1e-6)
