@@ -4,7 +4,8 @@
 Names follow Triton's backend: an input named ``<anything>__<i>`` is the forward method's argument ``i``, any other
 name must be the name of a forward argument; when every output is named ``<anything>__<i>``, output ``i`` of what
 forward returns goes to it, otherwise the outputs are taken in the config's order. Requests batched together are
-concatenated along dimension 0 and the outputs split back.
+concatenated along dimension 0 and the outputs split back. The sequence batcher's control inputs (START, END, READY,
+CORRID) are inputs like the others, named in the same way.
 
 Parameters, as Triton's: ``INFERENCE_MODE`` (``torch.inference_mode``, on unless "false"),
 ``DISABLE_OPTIMIZED_EXECUTION`` (runs without TorchScript's profiling optimizer), ``INTRA_OP_THREAD_COUNT`` and
@@ -165,8 +166,9 @@ class PyTorchInstance:
 
 
 def _argument_order(config: ModelConfig, module: Any) -> list[str]:
-    """The config's input names in the order forward takes them."""
-    names = [tensor.name for tensor in config.input]
+    """The config's input names, with the sequence batcher's control inputs, in the order forward takes them."""
+    controls = [control.name for control in config.sequence_batching.control_input]
+    names = [tensor.name for tensor in config.input] + controls
     indexed = [_INDEXED.match(name) for name in names]
     if all(indexed):
         by_index = {int(match.group(1)): name for match, name in zip(indexed, names, strict=True) if match}

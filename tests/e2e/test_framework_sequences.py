@@ -1,0 +1,111 @@
+"""Sequence batching with the framework backends on the real daemon: a TorchScript module and a TensorFlow SavedModel
+whose forward takes the sequence batcher's control inputs (START and CORRID) beside the data, so that each answer
+shows which sequence it was batched for and whether it started one. Two sequences run at once, interleaved, through
+the Direct strategy's batch slots; each gets its own control values."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+import tritonclient.grpc as grpcclient
+from server import Server, run_server
+
+SEQUENCE_BATCHING: Final = """
+sequence_batching {
+  direct { }
+  max_sequence_idle_microseconds: 5000000
+  control_input [
+    { name: "start" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "corrid" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT64 } ] }
+  ]
+}
+"""
+TORCH_CONFIG: Final = (
+    """
+platform: "pytorch_libtorch"
+max_batch_size: 4
+input [{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }]
+output [{ name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ 1 ] }]
+"""
+    + SEQUENCE_BATCHING
+)
+TF_CONFIG: Final = (
+    """
+platform: "tensorflow_savedmodel"
+max_batch_size: 4
+input [{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }]
+output [{ name: "marked", data_type: TYPE_FP32, dims: [ 1 ] }]
+"""
+    + SEQUENCE_BATCHING
+)
+
+
+class Marked(torch.nn.Module):
+    """value + 1000 on a sequence's first request + 10 x its correlation id."""
+
+    def forward(self, corrid: torch.Tensor, value: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return value + start * 1000 + corrid.to(torch.float32) * 10
+
+
+def _savedmodel(path: Path) -> None:
+    module = tf.Module()
+
+    @tf.function(  # type: ignore[untyped-decorator]
+        input_signature=[
+            tf.TensorSpec([None, 1], tf.float32, name="value"),
+            tf.TensorSpec([None, 1], tf.float32, name="start"),
+            tf.TensorSpec([None, 1], tf.int64, name="corrid"),
+        ]
+    )
+    def serve(value: Any, start: Any, corrid: Any) -> dict[str, Any]:
+        return {"marked": value + start * 1000 + tf.cast(corrid, tf.float32) * 10}
+
+    module.serve = serve
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+
+
+@pytest.fixture(scope="module")
+def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    repository = tmp_path_factory.mktemp("sequences") / "repository"
+    (repository / "torch_seq" / "1").mkdir(parents=True)
+    script: Any = torch.jit.script(Marked())
+    script.save(str(repository / "torch_seq" / "1" / "model.pt"))
+    (repository / "torch_seq" / "config.pbtxt").write_text(TORCH_CONFIG, encoding="utf-8")
+    (repository / "tf_seq" / "1").mkdir(parents=True)
+    _savedmodel(repository / "tf_seq" / "1" / "model.savedmodel")
+    (repository / "tf_seq" / "config.pbtxt").write_text(TF_CONFIG, encoding="utf-8")
+    with run_server([repository]) as server:
+        yield server
+
+
+def _send(client: grpcclient.InferenceServerClient, model: str, output: str, value: float, sequence: int,
+          start: bool = False, end: bool = False) -> float:  # fmt: skip
+    tensor = grpcclient.InferInput("value", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+    result = client.infer(model, [tensor], sequence_id=sequence, sequence_start=start, sequence_end=end)
+    answer = result.as_numpy(output)
+    assert answer is not None
+    return float(answer[0, 0])
+
+
+@pytest.mark.parametrize(("model", "output"), [("torch_seq", "OUTPUT__0"), ("tf_seq", "marked")])
+def test_control_inputs_reach_the_framework_for_each_sequence(sequence_server: Server, model: str, output: str) -> None:
+    client = grpcclient.InferenceServerClient(sequence_server.grpc_url)
+    # Two sequences, interleaved: each answer carries its own sequence's id, and only first requests get START.
+    assert _send(client, model, output, 1.0, 7, start=True) == 1.0 + 1000 + 70
+    assert _send(client, model, output, 2.0, 9, start=True) == 2.0 + 1000 + 90
+    assert _send(client, model, output, 3.0, 7) == 3.0 + 70
+    assert _send(client, model, output, 4.0, 9) == 4.0 + 90
+    assert _send(client, model, output, 5.0, 7, end=True) == 5.0 + 70
+    assert _send(client, model, output, 6.0, 9, end=True) == 6.0 + 90
+    stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    assert int(stats["inference_count"]) == 6
+    client.close()
