@@ -1,7 +1,7 @@
-"""Sequence batching with the framework backends on the real daemon: a TorchScript module and a TensorFlow SavedModel
-whose forward takes the sequence batcher's control inputs (START and CORRID) beside the data, so that each answer
-shows which sequence it was batched for and whether it started one. Two sequences run at once, interleaved, through
-the Direct strategy's batch slots; each gets its own control values."""
+"""Sequence batching with the framework backends on the real daemon: a TorchScript module, a TensorFlow SavedModel
+and an OpenVINO IR whose graphs take the sequence batcher's control inputs (START and CORRID) beside the data, so
+that each answer shows which sequence it was batched for and whether it started one. Two sequences are open at once,
+their requests interleaved, each in its own batch slot of the Direct strategy; each gets its own control values."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import onnx
+import openvino
 import pytest
 import tensorflow as tf
 import torch
@@ -46,6 +48,16 @@ output [{ name: "marked", data_type: TYPE_FP32, dims: [ 1 ] }]
     + SEQUENCE_BATCHING
 )
 
+OPENVINO_CONFIG: Final = (
+    """
+backend: "openvino"
+max_batch_size: 4
+input [{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }]
+output [{ name: "marked", data_type: TYPE_FP32, dims: [ 1 ] }]
+"""
+    + SEQUENCE_BATCHING
+)
+
 
 class Marked(torch.nn.Module):
     """value + 1000 on a sequence's first request + 10 x its correlation id."""
@@ -71,6 +83,40 @@ def _savedmodel(path: Path) -> None:
     tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
 
 
+def _ir(version: Path) -> None:
+    """value + start * 1000 + corrid * 10 as an ONNX graph, converted to IR by OpenVINO."""
+    helper = onnx.helper
+    batch: list[str | int | None] = ["batch", 1]
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Constant", [], ["thousand"], value=helper.make_tensor("t", onnx.TensorProto.FLOAT, [], [1000.0])
+            ),
+            helper.make_node(
+                "Constant", [], ["ten"], value=helper.make_tensor("u", onnx.TensorProto.FLOAT, [], [10.0])
+            ),
+            helper.make_node("Mul", ["start", "thousand"], ["started"]),
+            helper.make_node("Cast", ["corrid"], ["id"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Mul", ["id", "ten"], ["tens"]),
+            helper.make_node("Add", ["value", "started"], ["partial"]),
+            helper.make_node("Add", ["partial", "tens"], ["marked"]),
+        ],
+        "marked",
+        [
+            helper.make_tensor_value_info("value", onnx.TensorProto.FLOAT, batch),
+            helper.make_tensor_value_info("start", onnx.TensorProto.FLOAT, batch),
+            helper.make_tensor_value_info("corrid", onnx.TensorProto.INT64, batch),
+        ],
+        [helper.make_tensor_value_info("marked", onnx.TensorProto.FLOAT, batch)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    version.mkdir(parents=True)
+    onnx.save(model, str(version / "model.onnx"))
+    converted = openvino.Core().read_model(str(version / "model.onnx"))
+    openvino.save_model(converted, str(version / "model.xml"))
+    (version / "model.onnx").unlink()
+
+
 @pytest.fixture(scope="module")
 def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -82,6 +128,8 @@ def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     (repository / "tf_seq" / "1").mkdir(parents=True)
     _savedmodel(repository / "tf_seq" / "1" / "model.savedmodel")
     (repository / "tf_seq" / "config.pbtxt").write_text(TF_CONFIG, encoding="utf-8")
+    _ir(repository / "openvino_seq" / "1")
+    (repository / "openvino_seq" / "config.pbtxt").write_text(OPENVINO_CONFIG, encoding="utf-8")
     with run_server([repository]) as server:
         yield server
 
@@ -96,7 +144,9 @@ def _send(client: grpcclient.InferenceServerClient, model: str, output: str, val
     return float(answer[0, 0])
 
 
-@pytest.mark.parametrize(("model", "output"), [("torch_seq", "OUTPUT__0"), ("tf_seq", "marked")])
+@pytest.mark.parametrize(
+    ("model", "output"), [("torch_seq", "OUTPUT__0"), ("tf_seq", "marked"), ("openvino_seq", "marked")]
+)
 def test_control_inputs_reach_the_framework_for_each_sequence(sequence_server: Server, model: str, output: str) -> None:
     client = grpcclient.InferenceServerClient(sequence_server.grpc_url)
     # Two sequences, interleaved: each answer carries its own sequence's id, and only first requests get START.
