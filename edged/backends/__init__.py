@@ -13,6 +13,9 @@ gives that name as ``backend``::
 
 The backends edged provides keep their names: an entry point under one of them is ignored. packaging/backend-example
 is a complete one.
+
+A framework backend given ``--backend-config <name>,isolation=process`` is built as edged.backends.isolation's
+IsolatedBackend over the Python backend: its models run in a process per instance.
 """
 
 from __future__ import annotations
