@@ -75,6 +75,11 @@ def _repository(server: Server) -> Path:
     return Path(server.args[server.args.index("--model-repository") + 1])
 
 
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
 def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
@@ -160,9 +165,13 @@ def test_a_crash_in_the_framework_fails_its_request_and_the_instance_comes_back(
             httpclient.InferenceServerClient(isolated_server.http_url).infer("slow_torch", _slow_input(100_000))
         failure.append(str(raised.value))
 
+    began = _cpu_ticks(torch_stub)
     running = threading.Thread(target=slow)
     running.start()
-    time.sleep(1.0)  # inside PyTorch's matrix products
+    # Killed once it has spent a third of a second of CPU on the request: inside PyTorch's matrix products.
+    deadline = time.monotonic() + 60
+    while _cpu_ticks(torch_stub) - began < os.sysconf("SC_CLK_TCK") // 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(torch_stub, signal.SIGSEGV)
     running.join(timeout=60)
     assert failure and "is not healthy: it was killed by signal 11 (SIGSEGV)" in failure[0], failure
