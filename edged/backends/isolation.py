@@ -63,6 +63,11 @@ class IsolatedBackend:
         self._python = python
 
     def auto_complete_config(self, config: ModelConfig, context: LoadContext, default_max_batch_size: int) -> None:
+        if config.input and config.output:
+            # Nothing to fill (every framework backend leaves such a config as it is): the checks its auto-complete
+            # makes run in each instance's process before the load, which saves a throw-away process that would
+            # import the framework for nothing.
+            return
         marked = self._marked(config, context, default_max_batch_size)
         self._python.auto_complete_config(
             marked, dataclasses.replace(context, model_file=RUNNER), default_max_batch_size

@@ -153,13 +153,12 @@ class TensorFlowInstance:
         started = time.perf_counter_ns()
         with tf.device(self._device):
             feeds = {tensor.name: tf.constant(stacked(requests, tensor.name)) for tensor in requests[0].inputs}
-        fed = time.perf_counter_ns()
-        try:
-            with tf.device(self._device):
+            fed = time.perf_counter_ns()
+            try:
                 results = self._signature(**feeds)
-        except (tf.errors.OpError, ValueError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return [EdgedError(ErrorCode.INTERNAL, f"tensorflow execute failure: {reason}")] * len(requests)
+            except (tf.errors.OpError, ValueError, TypeError) as exc:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                return [EdgedError(ErrorCode.INTERNAL, f"tensorflow execute failure: {reason}")] * len(requests)
         ran = time.perf_counter_ns()
         arrays = {name: results[name].numpy() for name in self._outputs}
         responses = split(requests, arrays, self._batching)

@@ -143,7 +143,7 @@ class TensorRtBackend:
         if not context.model_file.is_file():
             raise invalid_arg(f"model '{config.name}': no model file {context.model_file.name} in its version folder")
         instances: list[TensorRtInstance] = []
-        model = TensorRtModel(instances, self._cuda)
+        model = TensorRtModel(instances)
         try:
             for placement in instance_placements(config, context.devices):
                 if placement.kind != "GPU":
@@ -254,10 +254,6 @@ def _check_config(config: ModelConfig, tensors: Sequence[_Tensor]) -> None:
 
 
 class TensorRtModel(InstancesModel["TensorRtInstance"]):
-    def __init__(self, instances: list[TensorRtInstance], cuda: _Cuda) -> None:
-        super().__init__(instances)
-        self._cuda = cuda
-
     def unload(self) -> None:
         for instance in self.instances:
             instance.release()
@@ -277,7 +273,7 @@ class TensorRtInstance:
     ) -> None:
         self._name = name
         self._cuda = cuda
-        self._engine = engine
+        self._engine = engine  # the execution context needs its engine alive
         self._tensors = tensors
         self._device = device
         self._batching = config.max_batch_size > 0

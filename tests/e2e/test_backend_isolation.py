@@ -104,6 +104,13 @@ def isolated_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     (repository / "forest" / "1").mkdir(parents=True)
     booster.save_model(repository / "forest" / "1" / "xgboost.json")
     (repository / "forest" / "config.pbtxt").write_text(FOREST_CONFIG, encoding="utf-8")
+    # A config the fil backend refuses: its check runs in the instance's process.
+    (repository / "two_outputs" / "1").mkdir(parents=True)
+    booster.save_model(repository / "two_outputs" / "1" / "xgboost.json")
+    two_outputs = FOREST_CONFIG.replace(
+        "dims: [ 1 ] }]", 'dims: [ 1 ] }, { name: "extra", data_type: TYPE_FP32, dims: [ 1 ] }]'
+    )
+    (repository / "two_outputs" / "config.pbtxt").write_text(two_outputs, encoding="utf-8")
     # An ONNX model in the daemon, which must keep serving through the crash.
     modelgen.write_add_sub(repository / "add_sub", max_batch_size=8, dims=16, dtype="FP32")
     args = [f"--backend-config={name},isolation=process" for name in ("pytorch", "openvino", "fil")]
@@ -186,6 +193,15 @@ def test_a_crash_in_the_framework_fails_its_request_and_the_instance_comes_back(
     assert result.shape == (512, 512)
     assert torch_stub not in _stub_pids(isolated_server)
     client.close()
+
+
+def test_an_isolated_model_that_its_backend_refuses_says_why(isolated_server: Server) -> None:
+    client = httpclient.InferenceServerClient(isolated_server.http_url)
+    index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    client.close()
+    assert index["two_outputs"]["state"] == "UNAVAILABLE"
+    assert "a fil model has one input (input__0) and one output (output__0)" in index["two_outputs"]["reason"]
+    assert index["forest"]["state"] == "READY"
 
 
 def test_isolation_is_refused_for_what_it_cannot_mean(tmp_path: Path) -> None:

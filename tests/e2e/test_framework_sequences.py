@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,44 +19,23 @@ import torch
 import tritonclient.grpc as grpcclient
 from server import Server, run_server
 
-SEQUENCE_BATCHING: Final = """
-sequence_batching {
-  direct { }
+
+def _config(kind: str, output: str) -> str:
+    """One FP32 input ``value`` and one FP32 output, with the control inputs START and CORRID (INT64)."""
+    return f"""
+{kind}
+max_batch_size: 4
+input [{{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }}]
+output [{{ name: "{output}", data_type: TYPE_FP32, dims: [ 1 ] }}]
+sequence_batching {{
+  direct {{ }}
   max_sequence_idle_microseconds: 5000000
   control_input [
-    { name: "start" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
-    { name: "corrid" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT64 } ] }
+    {{ name: "start" control [ {{ kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "corrid" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT64 }} ] }}
   ]
-}
+}}
 """
-TORCH_CONFIG: Final = (
-    """
-platform: "pytorch_libtorch"
-max_batch_size: 4
-input [{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }]
-output [{ name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ 1 ] }]
-"""
-    + SEQUENCE_BATCHING
-)
-TF_CONFIG: Final = (
-    """
-platform: "tensorflow_savedmodel"
-max_batch_size: 4
-input [{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }]
-output [{ name: "marked", data_type: TYPE_FP32, dims: [ 1 ] }]
-"""
-    + SEQUENCE_BATCHING
-)
-
-OPENVINO_CONFIG: Final = (
-    """
-backend: "openvino"
-max_batch_size: 4
-input [{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }]
-output [{ name: "marked", data_type: TYPE_FP32, dims: [ 1 ] }]
-"""
-    + SEQUENCE_BATCHING
-)
 
 
 class Marked(torch.nn.Module):
@@ -124,12 +103,18 @@ def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     (repository / "torch_seq" / "1").mkdir(parents=True)
     script: Any = torch.jit.script(Marked())
     script.save(str(repository / "torch_seq" / "1" / "model.pt"))
-    (repository / "torch_seq" / "config.pbtxt").write_text(TORCH_CONFIG, encoding="utf-8")
+    (repository / "torch_seq" / "config.pbtxt").write_text(
+        _config('platform: "pytorch_libtorch"', "OUTPUT__0"), encoding="utf-8"
+    )
     (repository / "tf_seq" / "1").mkdir(parents=True)
     _savedmodel(repository / "tf_seq" / "1" / "model.savedmodel")
-    (repository / "tf_seq" / "config.pbtxt").write_text(TF_CONFIG, encoding="utf-8")
+    (repository / "tf_seq" / "config.pbtxt").write_text(
+        _config('platform: "tensorflow_savedmodel"', "marked"), encoding="utf-8"
+    )
     _ir(repository / "openvino_seq" / "1")
-    (repository / "openvino_seq" / "config.pbtxt").write_text(OPENVINO_CONFIG, encoding="utf-8")
+    (repository / "openvino_seq" / "config.pbtxt").write_text(
+        _config('backend: "openvino"', "marked"), encoding="utf-8"
+    )
     with run_server([repository]) as server:
         yield server
 
