@@ -215,6 +215,34 @@ OPTIONS: Final[tuple[Option, ...]] = (
         metavar="SECONDS",
     ),
     Option(
+        "grpc-body-timeout-secs",
+        "float",
+        30.0,
+        "a gRPC request must bring at least --grpc-min-body-rate bytes per second (and one byte) over every window "
+        "this long; a reply whose client reads nothing, or opens no window for it, for this long is dropped",
+        low=0.1,
+        high=3600,
+        metavar="SECONDS",
+    ),
+    Option(
+        "grpc-min-body-rate",
+        "int",
+        1024,
+        "slowest a gRPC request may arrive, in bytes per second (averaged over --grpc-body-timeout-secs); a call "
+        "slower than this is answered DEADLINE_EXCEEDED",
+        low=0,
+        metavar="BYTES",
+    ),
+    Option(
+        "grpc-max-buffered-bytes",
+        "int",
+        256 * MIB,
+        "most bytes of gRPC requests the daemon holds before they are whole, over every connection (one connection "
+        "may hold a quarter of it, or one largest message if more); a call past it is answered RESOURCE_EXHAUSTED",
+        low=1,
+        metavar="BYTES",
+    ),
+    Option(
         "grpc-max-message-size",
         "int",
         64 * MIB,

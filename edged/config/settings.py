@@ -52,6 +52,9 @@ class Settings:
     grpc_max_connections: int
     grpc_handshake_timeout_secs: float
     grpc_idle_timeout_secs: float
+    grpc_body_timeout_secs: float
+    grpc_min_body_rate: int
+    grpc_max_buffered_bytes: int
     grpc_max_message_size: int
     access: AccessOptions
     grpc_use_ssl: bool

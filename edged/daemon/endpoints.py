@@ -402,6 +402,9 @@ def grpc_options(settings: Settings) -> GrpcOptions:
         max_connections=settings.grpc_max_connections,
         handshake_timeout_s=settings.grpc_handshake_timeout_secs,
         idle_timeout_s=settings.grpc_idle_timeout_secs,
+        body_timeout_s=settings.grpc_body_timeout_secs,
+        min_body_rate=settings.grpc_min_body_rate,
+        max_buffered_bytes=settings.grpc_max_buffered_bytes,
         max_queued_stream_bytes=settings.grpc_max_queued_stream_bytes,
     )
 

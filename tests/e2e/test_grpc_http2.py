@@ -233,7 +233,7 @@ def test_streams_past_the_limit_are_refused_and_reset_ones_are_freed(h2_client: 
 
 def test_a_flood_of_opened_and_reset_streams_leaves_none_open(h2_client: Client) -> None:
     # More streams than the limit, each reset at once: had any stayed open, the call after them would be refused.
-    for _ in range(4 * SERVER_MAX_STREAMS):
+    for _ in range(3 * SERVER_MAX_STREAMS):  # within the rate of resets (1,000 at once)
         stream = h2_client.open(INFER, end=False)
         h2_client.h2.reset_stream(stream)
     h2_client.flush()

@@ -18,6 +18,7 @@ import pytest
 import trustme
 import uvicorn
 
+from edged.frontends.grpc.bounds import Budget, ConnectionTimes
 from edged.frontends.grpc.calls import Call, Limits, Method
 from edged.frontends.grpc.http2 import Http2Connection
 from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
@@ -218,12 +219,13 @@ async def _who_over_grpc(tls: GrpcTls, ca: trustme.CA, client_cert: tuple[Path, 
 
     method = Method(bytes, who, streaming=False)
     limits = Limits(1 << 20)
+    budget = Budget(1 << 24, 1 << 20)
 
     def on_stream(stream: Stream, headers: list[tuple[bytes, bytes]]) -> Call:
         return Call(stream, method, headers, "ipv4:127.0.0.1:1", limits, None, None)
 
     def connection() -> Http2Connection:
-        return Http2Connection(on_stream, lambda _c: True, lambda _c: None, 10.0, 10.0)
+        return Http2Connection(on_stream, lambda _c: True, lambda _c: None, ConnectionTimes(10.0, 10.0), budget)
 
     loop = asyncio.get_running_loop()
     server = await loop.create_server(connection, "127.0.0.1", 0, ssl=tls.context)

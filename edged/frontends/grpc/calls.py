@@ -8,7 +8,10 @@ the context: the part of grpc.aio's ``ServicerContext`` the servicers use (``abo
 
 Status codes and texts follow grpc's own servers where a client can see them: an unknown method is UNIMPLEMENTED
 "Method not found!", a message over the size limit RESOURCE_EXHAUSTED, an expired ``grpc-timeout``
-DEADLINE_EXCEEDED "Deadline Exceeded", an exception a servicer lets escape UNKNOWN.
+DEADLINE_EXCEEDED "Deadline Exceeded" (at once for one that has already passed), an exception a servicer lets
+escape UNKNOWN. What grpc's servers do not bound, edged.frontends.grpc.http2 does, and a call it refuses answers
+RESOURCE_EXHAUSTED (the endpoint holds its most request bytes) or DEADLINE_EXCEEDED (the request arrives slower than
+the minimum rate).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from urllib.parse import quote
 
 from edged.frontends.grpc.frames import header_block
 from edged.frontends.grpc.status import StatusCode
+from edged.frontends.grpc.streams import Refusal
 from edged.frontends.tls import peer_identity_transport
 
 if TYPE_CHECKING:
@@ -42,6 +46,10 @@ _INFLATE_WBITS: Final = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBIT
 # Complete messages a stream holds that its servicer has not taken: past this the stream's window is no longer
 # given back, and HTTP/2 flow control makes the client wait.
 _QUEUED_MESSAGES: Final = 4
+_REFUSAL_STATUS: Final = {
+    Refusal.BUFFERS: StatusCode.RESOURCE_EXHAUSTED,
+    Refusal.SLOW_BODY: StatusCode.DEADLINE_EXCEEDED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +140,8 @@ class Call:
         loop = limits.loop
         self._deadline = loop.time() + timeout if timeout is not None else None
         self._timer = loop.call_at(self._deadline, self._expire) if self._deadline is not None else None
+        # A unary call can do nothing before its request ends; a streaming one waits only inside a message.
+        stream.whole_body = not method.streaming
         if method.streaming:
             self._messages = asyncio.Queue()
             self._start(self._run_stream())
@@ -139,6 +149,8 @@ class Call:
     # --- the stream's events (edged.frontends.grpc.http2.StreamHandler) ----------------------------------
 
     def data(self, chunk: bytes) -> None:
+        """``chunk`` counts against the endpoint's budget of request bytes (``Stream.buffered``) until it is parsed
+        into a message: released here for a streaming call, once the request is parsed for a unary one."""
         body = self._body
         body += chunk
         if self._messages is None:
@@ -159,6 +171,7 @@ class Call:
                     break
                 message = self._decode(bytes(body[: 5 + size]))
                 del body[: 5 + size]
+                self._stream.release(5 + size)
                 self._messages.put_nowait(message)
         except Aborted as exc:
             self._finish(exc.code, exc.details)
@@ -190,6 +203,10 @@ class Call:
         except Aborted as exc:
             self._finish(exc.code, exc.details)
             return
+        finally:
+            body.release()
+            self._stream.release(len(self._body))
+            self._body = bytearray()
         self._start(self._run_unary(request))
 
     def reset(self) -> None:
@@ -199,6 +216,11 @@ class Call:
             self._task.cancel()
         elif self._messages is not None:
             self._messages.put_nowait(None)
+
+    def refuse(self, why: Refusal, message: str) -> None:
+        self._finish(_REFUSAL_STATUS[why], message)
+        if self._task is not None:
+            self._task.cancel()
 
     # --- ServicerContext ----------------------------------------------------------------------------------
 
@@ -236,9 +258,18 @@ class Call:
 
     def _start(self, coroutine: Any) -> None:
         task = self._task = self._limits.loop.create_task(coroutine)
-        tasks = self._limits.tasks
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        self._limits.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._limits.tasks.discard(task)
+        if self._stream.open_local:
+            # Cancelled before it first ran (a deadline that passed at once, the server stopping): it never got to
+            # answer, and its stream would stay open for good.
+            if self._expired:
+                self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            else:
+                self._stream.reset()
 
     def _decode(self, framed: bytes | memoryview) -> Any:
         payload = framed[5:]
@@ -293,7 +324,7 @@ class Call:
                     started = True
                 await stream.send_data(message)
         except asyncio.CancelledError:
-            self._cancelled()
+            self._cancelled(started)
             return
         except Aborted as exc:
             self._finish(exc.code, exc.details, started)
@@ -327,9 +358,9 @@ class Call:
             raise Aborted(StatusCode.RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(data)} vs. {limit})")
         return b"\0" + len(data).to_bytes(4, "big") + data
 
-    def _cancelled(self) -> None:
+    def _cancelled(self, started: bool = False) -> None:
         if self._expired:
-            self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", started)
         # Otherwise the client reset the stream or went away: there is no one to answer.
 
     def _failed(self, exc: Exception, started: bool = False) -> None:

@@ -1,5 +1,6 @@
 """HTTP/2's frames (RFC 9113 section 6) and the header blocks edged sends (RFC 7541), for edged.frontends.grpc.http2:
-the codes, the limits this server announces, and the few encoders and checks that need no connection state."""
+the codes and the protocol's own limits, and the few encoders and checks that need no connection state (the limits
+this server announces and keeps are edged.frontends.grpc.bounds)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ CANCEL: Final = 0x8
 COMPRESSION_ERROR: Final = 0x9
 ENHANCE_YOUR_CALM: Final = 0xB
 
-SETTINGSHEADER_TABLE_SIZE: Final = 0x1
+SETTINGS_HEADER_TABLE_SIZE: Final = 0x1
+SETTINGS_ENABLE_PUSH: Final = 0x2
 SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE: Final = 0x4
 SETTINGS_MAX_FRAME_SIZE: Final = 0x5
@@ -45,15 +47,6 @@ SETTINGS_MAX_HEADER_LIST_SIZE: Final = 0x6
 MAX_WINDOW: Final = 2**31 - 1
 DEFAULT_WINDOW: Final = 65535
 DEFAULT_MAX_FRAME: Final = 16384
-# What this server announces. Frames up to 1 MiB keep large tensors to few frames; the windows let a client send a
-# few MiB before the first acknowledgement, so one round trip does not bound a large request.
-MAX_FRAME: Final = 1 << 20
-STREAM_WINDOW: Final = 4 << 20
-CONNECTION_WINDOW: Final = 16 << 20
-MAX_STREAMS: Final = 256
-# The most bytes of decoded header names and values a request may have, and of its encoded header block.
-MAX_HEADER_LIST: Final = 64 << 10
-HEADER_TABLE: Final = 4096
 
 _FRAME_HEADER: Final = struct.Struct(">BHBBL")  # the 24-bit length as a byte and a short, then type, flags, stream
 

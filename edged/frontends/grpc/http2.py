@@ -3,19 +3,23 @@
 Why not grpc.aio: its server spends 300-400 µs of CPU per unary call on this class of device, in grpc's own
 threads and their hand-offs to the event loop, which is two to three times what Triton's C++ server spends on the
 whole call. HTTP/2 as gRPC uses it is small: a request is a HEADERS frame and DATA, a reply HEADERS, DATA and
-trailers. This module does the framing, flow control and stream life cycle; header blocks are coded with
-``hpack`` (the HPACK library of the python-hyper project); the gRPC layer (edged.frontends.grpc.calls) sees
-streams.
+trailers. This module does the framing, flow control and stream life cycle; header blocks are decoded and checked
+by edged.frontends.grpc.blocks; the gRPC layer (edged.frontends.grpc.calls) sees streams.
 
-What a peer can do to the daemon is bounded here: the header block size and the header list size, streams open at
-once (more are refused with REFUSED_STREAM), the receive windows, and every frame's length and shape (a malformed
-one ends the connection with GOAWAY and the RFC's error code). Replies respect the client's flow control windows
-and frame size, and wait for the transport to drain.
+What a peer can do to the daemon is bounded (edged.frontends.grpc.bounds states each bound): every frame's length
+and shape (a malformed one ends the connection with GOAWAY and the RFC's error code, a malformed request only its
+stream with RST_STREAM PROTOCOL_ERROR), the header block from each frame's header before it is read, streams open
+at once on the connection and on the endpoint (more are refused with REFUSED_STREAM), request bytes held per
+connection and per endpoint, the rates of resets, SETTINGS and frames that do nothing (past them GOAWAY
+ENHANCE_YOUR_CALM), and time: a request must keep arriving, a reply must be read, a connection must do something.
+
+The loop is shared by every connection and by HTTP: one read is parsed for at most ``READ_SLICE_S`` before the
+others get their turn, and a connection whose client does not read what it is sent is not read from either
+(reading stops while the transport's writing is paused), so its control-frame answers cannot pile up. Frames
+written while a read is parsed are joined into one write.
 
 Header blocks the server sends never use the HPACK dynamic table (literals without indexing and the static
-table), so they are constant bytes for the common replies. Decoded request blocks are remembered while the
-decoder's table is unchanged: a client's calls repeat byte-identical blocks once its own table is warm, and the
-HPACK decoder in Python is a large part of a small call's cost.
+table), so they are constant bytes for the common replies.
 """
 
 from __future__ import annotations
@@ -24,13 +28,30 @@ import asyncio
 import logging
 import struct
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Final, cast
 
-import hpack
-
-from edged.frontends.grpc.frames import (
-    COMPRESSION_ERROR,
+from edged.frontends.grpc.blocks import BlockDecoder
+from edged.frontends.grpc.bounds import (
     CONNECTION_WINDOW,
+    ENDPOINT_STREAMS,
+    IDLE_FRAME_RATE,
+    LINGER_S,
+    MAX_CONTINUATIONS,
+    MAX_FRAME,
+    MAX_HEADER_BLOCK,
+    MAX_HEADER_LIST,
+    MAX_QUEUED_CONTROL,
+    MAX_SETTINGS_ENTRIES,
+    MAX_STREAMS,
+    READ_SLICE_S,
+    RESET_RATE,
+    SETTINGS_RATE,
+    STREAM_WINDOW,
+    Budget,
+    ConnectionTimes,
+    Rate,
+)
+from edged.frontends.grpc.frames import (
     CONTINUATION,
     DATA,
     DEFAULT_MAX_FRAME,
@@ -44,11 +65,7 @@ from edged.frontends.grpc.frames import (
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     GOAWAY,
-    HEADER_TABLE,
     HEADERS,
-    MAX_FRAME,
-    MAX_HEADER_LIST,
-    MAX_STREAMS,
     MAX_WINDOW,
     NO_ERROR,
     PING,
@@ -59,43 +76,44 @@ from edged.frontends.grpc.frames import (
     REFUSED_STREAM,
     RST_STREAM,
     SETTINGS,
+    SETTINGS_ENABLE_PUSH,
     SETTINGS_INITIAL_WINDOW_SIZE,
     SETTINGS_MAX_CONCURRENT_STREAMS,
     SETTINGS_MAX_FRAME_SIZE,
     SETTINGS_MAX_HEADER_LIST_SIZE,
     STREAM_CLOSED,
-    STREAM_WINDOW,
     WINDOW_UPDATE,
     ProtocolError,
     frame,
     unpad,
 )
-from edged.frontends.grpc.streams import Stream, StreamHandler
+from edged.frontends.grpc.streams import Refusal, Stream, StreamHandler
 
 log = logging.getLogger(__name__)
 
-# Decoded header blocks remembered per connection (see the module's docstring).
-_CACHED_BLOCKS: Final = 64
+# Frames written while a read is parsed are joined, and written once they reach this many bytes (or the read ends).
+_FLUSH_BYTES: Final = 16 << 10
 
 
 class Http2Connection(asyncio.Protocol):
     """The server side of one HTTP/2 connection. ``on_stream(stream, headers)`` is called for each new request
     with its decoded headers and returns what receives its DATA; it may answer at once instead (and return None).
-    ``on_close`` is called once, when the connection is gone."""
+    ``on_close`` is called once, when the connection is gone. ``budget`` is the endpoint's, shared by its
+    connections."""
 
     def __init__(
         self,
         on_stream: Callable[[Stream, list[tuple[bytes, bytes]]], StreamHandler | None],
         on_open: Callable[[Http2Connection], bool],
         on_close: Callable[[Http2Connection], None],
-        handshake_timeout_s: float,
-        idle_timeout_s: float,
+        times: ConnectionTimes,
+        budget: Budget,
     ) -> None:
         self._on_stream = on_stream
         self._on_open = on_open
         self._on_close = on_close
-        self._handshake_timeout_s = handshake_timeout_s
-        self._idle_timeout_s = idle_timeout_s
+        self._times = times
+        self._budget = budget
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.waiting: set[Stream] = set()
@@ -103,27 +121,41 @@ class Http2Connection(asyncio.Protocol):
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.writing_paused = False
         self.closed = False
+        self.buffered = 0  # request bytes the connection's handlers hold (Budget)
         self._drained: asyncio.Future[None] | None = None
         self._peer_stream_window = DEFAULT_WINDOW
         self._recv_window = CONNECTION_WINDOW
         self._unacknowledged = 0
-        # Bytes of a frame not complete yet, kept as they came and joined once the frame is whole: joining on every
-        # read would copy a large frame once per read (a 600 KB tensor arrives in many).
+        # Bytes of a frame not complete yet (or not parsed yet, while reading is stalled), kept as they came and
+        # joined once the frame is whole: joining on every read would copy a large frame once per read (a 600 KB
+        # tensor arrives in many).
         self._held: list[bytes] = []
         self._held_size = 0
         self._wanted = len(PREFACE)  # bytes held before parsing can go on
+        self._stalled = False  # reading stopped: the client does not read, or this read had its share of the loop
+        self._stalled_since_tick = False
+        self._out: list[bytes] | None = None  # frames joined into one write while a read is parsed
+        self._out_size = 0
+        self._queued_control = 0  # control frames written since the transport last had nothing buffered
         self._preface = False
         self._settled = False  # the client's first SETTINGS came
         self._last_stream = 0
         self._going_away = False
         self._headers: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self._decoder.max_allowed_table_size = HEADER_TABLE
-        self._blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
-        self._table_state: tuple[int, int, int, int] = self._decoder_state()
+        self._continuations = 0
+        self._blocks = BlockDecoder()
         self._timer: asyncio.TimerHandle | None = None
+        self._tick: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
+        self._paused_since = 0.0
         self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        self._resets = Rate(RESET_RATE, now)
+        self._settings_rate = Rate(SETTINGS_RATE, now)
+        self._idle_frames = Rate(IDLE_FRAME_RATE, now)
+
+    def now(self) -> float:
+        return self._loop.time()
 
     # --- life cycle ---------------------------------------------------------------------------------------
 
@@ -149,16 +181,20 @@ class Http2Connection(asyncio.Protocol):
             frame(SETTINGS, 0, 0, settings)
             + frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
         )
-        self._arm(self._handshake_timeout_s)
+        self._arm(self._times.handshake_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        self._held.clear()
         streams = list(self.streams.values())
-        self.streams.clear()
         for stream in streams:
             stream.open_local = stream.open_remote = False
+            self._forget(stream)
             if stream.handler is not None:
                 stream.handler.reset()
         for stream in list(self.waiting):
@@ -170,12 +206,17 @@ class Http2Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writing_paused = True
+        self._paused_since = self._loop.time()
+        self._ticking()
 
     def resume_writing(self) -> None:
         self.writing_paused = False
+        self._queued_control = 0
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self._drained = None
+        if self._stalled:
+            self._unstall()
 
     async def drained(self) -> None:
         if self._drained is None:
@@ -183,8 +224,22 @@ class Http2Connection(asyncio.Protocol):
         await self._drained
 
     def write(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None:
+        if self.closed or self.transport is None:
+            return
+        out = self._out
+        if out is None:
             self.transport.write(data)
+            return
+        out.append(data)
+        self._out_size += len(data)
+
+    def control(self, data: bytes) -> None:
+        """Writes a control frame (an acknowledgement, RST_STREAM, WINDOW_UPDATE): those a client that does not
+        read would make the daemon queue are counted (``MAX_QUEUED_CONTROL``)."""
+        self._queued_control += 1
+        self.write(data)
+        if self._out is None:
+            self._check_queue()
 
     def write_headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
         end = FLAG_END_STREAM if end_stream else 0
@@ -206,8 +261,13 @@ class Http2Connection(asyncio.Protocol):
         stream.open_local = False
         if stream.open_remote:
             stream.open_remote = False
-            self.write(frame(RST_STREAM, 0, stream.id, NO_ERROR.to_bytes(4, "big")))
+            self.control(frame(RST_STREAM, 0, stream.id, NO_ERROR.to_bytes(4, "big")))
         self._forget(stream)
+
+    def release(self, size: int) -> None:
+        """A stream's handler no longer holds ``size`` request bytes (``Stream.release``)."""
+        self.buffered -= size
+        self._budget.buffered -= size
 
     def go_away(self, code: int = NO_ERROR, message: str = "") -> None:
         """No new streams: the client is told which were taken, and the connection closes once they are done
@@ -225,19 +285,30 @@ class Http2Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _close(self) -> None:
-        if self.transport is not None and not self.closed:
+        transport = self.transport
+        if transport is not None and not self.closed:
+            self._flush()
             self.closed = True
-            self.transport.close()
+            transport.close()
+            # What is still buffered goes out as the client reads it; a client that reads nothing is dropped.
+            if transport.get_write_buffer_size():
+                self._loop.call_later(LINGER_S, transport.abort)
 
     def _forget(self, stream: Stream) -> None:
-        if self.streams.pop(stream.id, None) is not None and not self.streams:
+        if self.streams.pop(stream.id, None) is None:
+            return
+        self._budget.streams -= 1
+        if stream.buffered:
+            self.release(stream.buffered)
+            stream.buffered = 0
+        if not self.streams and not self.closed:
             if self._going_away:
                 self._close()
             else:
                 # The idle timer is not moved per call: when it fires, it looks at when the last call ended.
                 self._idle_since = self._loop.time()
                 if self._timer is None:
-                    self._arm(self._idle_timeout_s)
+                    self._arm(self._times.idle_timeout_s)
 
     def _arm(self, seconds: float) -> None:
         if self._timer is not None:
@@ -247,14 +318,54 @@ class Http2Connection(asyncio.Protocol):
     def _expire(self) -> None:
         self._timer = None
         if not self._settled:
-            log.debug("gRPC connection closed: no HTTP/2 handshake within %s s", self._handshake_timeout_s)
+            log.debug("gRPC connection closed: no HTTP/2 handshake within %s s", self._times.handshake_timeout_s)
             self.abort()
         elif not self.streams:  # with calls open it is armed again when the last one ends
-            remaining = self._idle_since + self._idle_timeout_s - self._loop.time()
+            remaining = self._idle_since + self._times.idle_timeout_s - self._loop.time()
             if remaining > 0:
                 self._arm(remaining)
             else:
                 self.go_away(NO_ERROR, "idle")
+
+    # --- progress: requests must arrive, replies must be read ---------------------------------------------
+
+    def _ticking(self) -> None:
+        if self._tick is None and not self.closed:
+            self._tick = self._loop.call_later(self._times.body_timeout_s, self._on_tick)
+
+    def _on_tick(self) -> None:
+        """Every ``body_timeout_s`` while the connection has streams or cannot write: a stream waiting for its
+        request that brought less than the minimum rate in the last window is refused; one whose client opened no
+        window for it in a window is reset; a client that read nothing for a window is dropped."""
+        self._tick = None
+        if self.closed:
+            return
+        times = self._times
+        now = self._loop.time()
+        if self.writing_paused and now - self._paused_since >= times.body_timeout_s:
+            log.debug("gRPC connection dropped: its client read nothing for %g s", times.body_timeout_s)
+            self.abort()
+            return
+        # A window in which the daemon itself stopped reading (the client did not read) does not count.
+        judge = not self._stalled_since_tick and not self._stalled
+        self._stalled_since_tick = False
+        least = max(1, int(times.min_body_rate * times.body_timeout_s))
+        for stream in list(self.streams.values()):
+            waiting = stream.open_remote and (stream.whole_body or stream.buffered > 0)
+            if judge and waiting and stream.judged and stream.received < least and stream.handler is not None:
+                stream.handler.refuse(
+                    Refusal.SLOW_BODY,
+                    f"the request arrived too slowly: {stream.received} bytes in {times.body_timeout_s:g} s, the "
+                    f"minimum is {times.min_body_rate} bytes per second",
+                )
+            stream.judged = waiting
+            stream.received = 0
+        for stream in list(self.waiting):
+            if now - stream.waiting_since >= times.body_timeout_s:
+                log.debug("gRPC stream %d reset: its client opened no window for %g s", stream.id, times.body_timeout_s)
+                stream.reset()
+        if self.streams or self.writing_paused:
+            self._ticking()
 
     # --- reading ------------------------------------------------------------------------------------------
 
@@ -264,10 +375,23 @@ class Http2Connection(asyncio.Protocol):
         if self._held:
             self._held.append(data)
             self._held_size += len(data)
-            if self._held_size < self._wanted:
+            if self._stalled or self._held_size < self._wanted:
                 return
             data = b"".join(self._held)
             self._held.clear()
+        elif self._stalled:
+            self._hold(data, 0)
+            return
+        self._read(data)
+
+    def _read(self, data: bytes) -> None:
+        self._out = []
+        try:
+            self._frames(data)
+        finally:
+            self._flush()
+
+    def _frames(self, data: bytes) -> None:
         try:
             if not self._preface:
                 if len(data) < len(PREFACE):
@@ -282,14 +406,21 @@ class Http2Connection(asyncio.Protocol):
             position = 0
             end = len(data)
             wanted = 9
+            loop = self._loop
+            until = loop.time() + READ_SLICE_S
             while end - position >= 9:
                 size = (data[position] << 16) | (data[position + 1] << 8) | data[position + 2]
                 if size > MAX_FRAME:
                     raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
+                kind = data[position + 3]
+                if kind in (HEADERS, CONTINUATION):
+                    # From the frame's header, before its payload is waited for, read or decoded.
+                    pending = self._headers
+                    if (len(pending[2]) if pending is not None else 0) + size > MAX_HEADER_BLOCK:
+                        raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
                 if end - position < 9 + size:
                     wanted = 9 + size
                     break
-                kind = data[position + 3]
                 flags = data[position + 4]
                 stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & 0x7FFFFFFF
                 payload = data[position + 9 : position + 9 + size]
@@ -297,6 +428,14 @@ class Http2Connection(asyncio.Protocol):
                 self._frame(kind, flags, stream_id, payload)
                 if self.closed:
                     return
+                if self._out_size >= _FLUSH_BYTES:
+                    self._flush()
+                    if self.closed:
+                        return
+                if position < end and (self.writing_paused or loop.time() >= until):
+                    self._stall()
+                    wanted = 0
+                    break
             if position < end:
                 self._hold(data[position:], wanted)
         except ProtocolError as exc:
@@ -308,6 +447,56 @@ class Http2Connection(asyncio.Protocol):
         self._held.append(rest)
         self._held_size = len(rest)
         self._wanted = wanted
+
+    def _flush(self) -> None:
+        out = self._out
+        self._out = None
+        if out and not self.closed and self.transport is not None:
+            self._out_size = 0
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self._check_queue()
+        self._out_size = 0
+
+    def _check_queue(self) -> None:
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if not transport.get_write_buffer_size():
+            self._queued_control = 0
+        elif self._queued_control > MAX_QUEUED_CONTROL:
+            log.debug(
+                "gRPC connection closed: over %d control frames queued for a client not reading", MAX_QUEUED_CONTROL
+            )
+            self._queued_control = 0
+            self.go_away(ENHANCE_YOUR_CALM, "too many control frames queued")
+
+    def _stall(self) -> None:
+        """Stops reading: while the client does not read what it is sent (until ``resume_writing``), or until the
+        loop has run everything else once."""
+        self._stalled = self._stalled_since_tick = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        if not self.writing_paused:
+            self._loop.call_soon(self._continue)
+
+    def _continue(self) -> None:
+        if not self.writing_paused and self._stalled:
+            self._unstall()
+
+    def _unstall(self) -> None:
+        self._stalled = False
+        if self.closed or self.transport is None:
+            return
+        self.transport.resume_reading()
+        if self._held:
+            data = b"".join(self._held)
+            self._held.clear()
+            self._held_size = 0
+            self._read(data)
+
+    def _calm(self, rate: Rate, what: str, count: float = 1.0) -> None:
+        if not rate.take(self._loop.time(), count):
+            raise ProtocolError(ENHANCE_YOUR_CALM, f"too many {what}")
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._headers is not None and kind != CONTINUATION:
@@ -330,7 +519,7 @@ class Http2Connection(asyncio.Protocol):
             if len(payload) != 8:
                 raise ProtocolError(FRAME_SIZE_ERROR, "PING of the wrong length")
             if not flags & FLAG_ACK:
-                self.write(frame(PING, FLAG_ACK, 0, payload))
+                self.control(frame(PING, FLAG_ACK, 0, payload))
         elif kind == RST_STREAM:
             self._rst_stream(stream_id, payload)
         elif kind == PRIORITY:
@@ -338,13 +527,15 @@ class Http2Connection(asyncio.Protocol):
                 raise ProtocolError(PROTOCOL_ERROR, "PRIORITY on the connection")
             if len(payload) != 5:
                 raise ProtocolError(FRAME_SIZE_ERROR, "PRIORITY of the wrong length")
+            self._calm(self._idle_frames, "frames that do nothing")
         elif kind == GOAWAY:
             if stream_id != 0:
                 raise ProtocolError(PROTOCOL_ERROR, "GOAWAY on a stream")
             self.go_away()
         elif kind == PUSH_PROMISE:
             raise ProtocolError(PROTOCOL_ERROR, "a client cannot push")
-        # Frames of unknown types are ignored (RFC 9113 4.1).
+        else:  # frames of unknown types are ignored (RFC 9113 4.1), within the rate of frames that do nothing
+            self._calm(self._idle_frames, "frames that do nothing")
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
@@ -355,28 +546,39 @@ class Http2Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS of the wrong length")
+        entries = len(payload) // 6
+        if entries > MAX_SETTINGS_ENTRIES:
+            raise ProtocolError(ENHANCE_YOUR_CALM, f"more than {MAX_SETTINGS_ENTRIES} entries in one SETTINGS")
+        self._calm(self._settings_rate, "SETTINGS", 1 + entries)
+        window: int | None = None
         for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HL", payload, offset)
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise ProtocolError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
-                delta = value - self._peer_stream_window
-                self._peer_stream_window = value
+                window = value
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                if not DEFAULT_MAX_FRAME <= value <= 0xFFFFFF:
+                    raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
+                self.peer_max_frame = value
+            elif key == SETTINGS_ENABLE_PUSH and value > 1:
+                raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH other than 0 or 1")
+        if window is not None:
+            # Only the last value has an effect: the streams are walked once per frame, not once per entry.
+            delta = window - self._peer_stream_window
+            self._peer_stream_window = window
+            if delta:
                 for stream in self.streams.values():
                     stream.send_window += delta
                     if stream.send_window > MAX_WINDOW:
                         raise ProtocolError(FLOW_CONTROL_ERROR, "a stream's window grew too large")
                 if delta > 0:
                     self._open_windows()
-            elif key == SETTINGS_MAX_FRAME_SIZE:
-                if not DEFAULT_MAX_FRAME <= value <= 0xFFFFFF:
-                    raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
-                self.peer_max_frame = value
-        self.write(frame(SETTINGS, FLAG_ACK, 0))
+        self.control(frame(SETTINGS, FLAG_ACK, 0))
         if not self._settled:
             self._settled = True
             self._idle_since = self._loop.time()
-            self._arm(self._idle_timeout_s)
+            self._arm(self._times.idle_timeout_s)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -396,11 +598,11 @@ class Http2Connection(asyncio.Protocol):
                 raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
             return
         if increment == 0:
-            stream.reset(PROTOCOL_ERROR)
+            self._stream_error(stream, PROTOCOL_ERROR)
             return
         stream.send_window += increment
         if stream.send_window > MAX_WINDOW:
-            stream.reset(FLOW_CONTROL_ERROR)
+            self._stream_error(stream, FLOW_CONTROL_ERROR)
             return
         if stream.window_opened is not None:
             stream.window_opened.set()
@@ -418,12 +620,23 @@ class Http2Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is None:
             return
+        # Opening a call and resetting it at once costs the daemon the call's start for a few bytes (CVE-2023-44487).
+        self._calm(self._resets, "streams reset")
         stream.open_local = stream.open_remote = False
         self._forget(stream)
         if stream.handler is not None:
             stream.handler.reset()
         if stream.window_opened is not None:
             stream.window_opened.set()
+
+    def _stream_error(self, stream: Stream, code: int) -> None:
+        """RST_STREAM with ``code``: the stream's request was malformed; the connection goes on, within the rate of
+        resets."""
+        self._calm(self._resets, "streams reset")
+        handler = stream.handler
+        stream.reset(code)
+        if handler is not None:
+            handler.reset()
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
@@ -432,12 +645,16 @@ class Http2Connection(asyncio.Protocol):
         self._recv_window -= size
         if self._recv_window < 0:
             raise ProtocolError(FLOW_CONTROL_ERROR, "DATA past the connection's window")
-        # The connection's window is given back at once: what a stream may hold is bounded by its own window.
+        # The connection's window is given back at once: what a stream may hold is bounded by its own window, what
+        # the connection and the endpoint hold by the budget.
         self._unacknowledged += size
         if self._unacknowledged >= CONNECTION_WINDOW // 2:
             self._recv_window += self._unacknowledged
-            self.write(frame(WINDOW_UPDATE, 0, 0, self._unacknowledged.to_bytes(4, "big")))
+            self.control(frame(WINDOW_UPDATE, 0, 0, self._unacknowledged.to_bytes(4, "big")))
             self._unacknowledged = 0
+        end_stream = flags & FLAG_END_STREAM
+        if not size and not end_stream:
+            self._calm(self._idle_frames, "frames that do nothing")
         stream = self.streams.get(stream_id)
         if stream is None or not stream.open_remote:
             if stream_id > self._last_stream:
@@ -445,21 +662,38 @@ class Http2Connection(asyncio.Protocol):
             return  # a stream the server has ended: what was in flight is dropped
         stream.recv_window -= size
         if stream.recv_window < 0:
-            stream.reset(FLOW_CONTROL_ERROR)
-            if stream.handler is not None:
-                stream.handler.reset()
+            self._stream_error(stream, FLOW_CONTROL_ERROR)
             return
         if flags & FLAG_PADDED:
             payload = unpad(payload)
-        if stream.handler is not None:
+        body = len(payload)
+        stream.received += size
+        stream.total += body
+        length = stream.content_length
+        if length is not None and (stream.total > length or (end_stream and stream.total != length)):
+            self._stream_error(stream, PROTOCOL_ERROR)  # RFC 9113 8.1.1: DATA that disagrees with content-length
+            return
+        handler = stream.handler
+        if handler is not None:
             if payload:
-                stream.handler.data(payload)
+                budget = self._budget
+                if self.buffered + body > budget.per_connection or budget.buffered + body > budget.total:
+                    handler.refuse(
+                        Refusal.BUFFERS,
+                        f"the server holds its most bytes of requests not yet read whole ({budget.per_connection} "
+                        f"per connection, {budget.total} in all); try again",
+                    )
+                    return
+                stream.buffered += body
+                self.buffered += body
+                budget.buffered += body
+                handler.data(payload)
             elif size:
                 stream.acknowledge(size)  # padding only
-            if flags & FLAG_END_STREAM:
+            if end_stream and stream.open_remote:
                 stream.open_remote = False
-                stream.handler.end()
-        elif flags & FLAG_END_STREAM:
+                handler.end()
+        elif end_stream:
             stream.open_remote = False
 
     def _headers_frame(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -474,72 +708,69 @@ class Http2Connection(asyncio.Protocol):
         if flags & FLAG_END_HEADERS:
             self._header_block(stream_id, flags, payload)
         else:
+            if not payload:
+                self._calm(self._idle_frames, "frames that do nothing")
             self._headers = (stream_id, flags, bytearray(payload))
+            self._continuations = 0
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         pending = self._headers
         if pending is None or pending[0] != stream_id:
             raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        self._continuations += 1
+        if self._continuations > MAX_CONTINUATIONS:
+            raise ProtocolError(ENHANCE_YOUR_CALM, f"a header block in more than {MAX_CONTINUATIONS} CONTINUATIONs")
+        if not payload and not flags & FLAG_END_HEADERS:
+            self._calm(self._idle_frames, "frames that do nothing")
         block = pending[2]
         block += payload
-        if len(block) > MAX_HEADER_LIST:
-            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if flags & FLAG_END_HEADERS:
             self._headers = None
             self._header_block(stream_id, pending[1], bytes(block))
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        headers = self._decode(block)
         stream = self.streams.get(stream_id)
         if stream is not None:
             # Trailers from the client: gRPC sends none, but they are allowed; they must end the stream.
+            malformed = self._blocks.trailers(block)
             if not flags & FLAG_END_STREAM:
                 raise ProtocolError(PROTOCOL_ERROR, "trailers that do not end the stream")
+            if malformed is not None or stream.content_length not in (None, stream.total):
+                log.debug("gRPC stream %d reset: malformed trailers: %s", stream_id, malformed)
+                self._stream_error(stream, PROTOCOL_ERROR)
+                return
             if stream.open_remote:
                 stream.open_remote = False
                 if stream.handler is not None:
                     stream.handler.end()
             return
+        decoded = self._blocks.request(block)
         if stream_id <= self._last_stream:
             raise ProtocolError(STREAM_CLOSED, "HEADERS on a closed stream")
         self._last_stream = stream_id
         if self._going_away:
             return  # past GOAWAY: the client knows from its last stream id that this one was not taken
-        stream = Stream(self, stream_id, self._peer_stream_window)
-        if len(self.streams) >= MAX_STREAMS:
-            self.write(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
+        if decoded.malformed is not None:
+            log.debug("gRPC stream %d reset: malformed request: %s", stream_id, decoded.malformed)
+            self._calm(self._resets, "streams reset")
+            self.control(frame(RST_STREAM, 0, stream_id, PROTOCOL_ERROR.to_bytes(4, "big")))
             return
+        if len(self.streams) >= MAX_STREAMS or self._budget.streams >= ENDPOINT_STREAMS:
+            self._calm(self._resets, "streams reset")
+            self.control(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
+            return
+        stream = Stream(self, stream_id, self._peer_stream_window)
+        stream.content_length = decoded.content_length
         self.streams[stream_id] = stream
-        if flags & FLAG_END_STREAM:
+        self._budget.streams += 1
+        if self._tick is None:
+            self._ticking()
+        end_stream = flags & FLAG_END_STREAM
+        if end_stream:
             stream.open_remote = False
-        stream.handler = self._on_stream(stream, headers)
-        if stream.handler is not None and flags & FLAG_END_STREAM:
-            stream.handler.end()
-
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        cached = self._blocks.get(block)
-        if cached is not None:
-            return cached
-        try:
-            headers = cast("list[tuple[bytes, bytes]]", self._decoder.decode(block, raw=True))
-        except hpack.OversizedHeaderListError:
-            raise ProtocolError(ENHANCE_YOUR_CALM, "header list too large") from None
-        except hpack.HPACKError as exc:
-            raise ProtocolError(COMPRESSION_ERROR, f"bad header block: {exc}") from None
-        state = self._decoder_state()
-        if state != self._table_state:
-            # The block changed the table: decoding it again would change it again, and every block remembered
-            # may now mean something else.
-            self._table_state = state
-            self._blocks.clear()
-        else:
-            if len(self._blocks) >= _CACHED_BLOCKS:
-                self._blocks.clear()
-            self._blocks[block] = headers
-        return headers
-
-    def _decoder_state(self) -> tuple[int, int, int, int]:
-        table: Any = self._decoder.header_table
-        entries = table.dynamic_entries
-        # An entry added makes a new tuple at the front, even when the table is full and its length stays.
-        return len(entries), id(entries[0]) if entries else 0, table.maxsize, table._current_size
+            if decoded.content_length:
+                self._stream_error(stream, PROTOCOL_ERROR)
+                return
+        handler = stream.handler = self._on_stream(stream, decoded.headers)
+        if handler is not None and end_stream and stream.open_local:
+            handler.end()

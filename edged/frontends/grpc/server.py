@@ -4,7 +4,8 @@ frontend workers relay calls to.
 
 Connections are bounded as the HTTP endpoint's are: past ``max_connections`` a new one is closed at once; a
 connection must finish its TLS and HTTP/2 handshakes within the handshake timeout; one without calls for the idle
-timeout is sent GOAWAY and closed.
+timeout is sent GOAWAY and closed; a request must arrive at the minimum body rate; the request bytes every
+connection holds together are bounded (edged.frontends.grpc.bounds states the rest).
 
 Stopping: the ports close, every connection is sent GOAWAY (so clients open no new call on it), open streams stop
 reading and answer what they have, and calls still running after the grace period are cancelled.
@@ -19,6 +20,7 @@ import ssl
 from typing import TYPE_CHECKING, Any, Final
 
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
+from edged.frontends.grpc.bounds import Budget, ConnectionTimes
 from edged.frontends.grpc.calls import Call, Limits, Method, finish, inflater_of, methods, timeout_of
 from edged.frontends.grpc.frames import header_block
 from edged.frontends.grpc.http2 import Http2Connection
@@ -78,6 +80,10 @@ class GrpcServer:
         self._relay_socket = relay_socket
         self._servicer = servicer
         self._limits = Limits(options.max_message_size)
+        self._budget = Budget(options.max_buffered_bytes, options.max_message_size)
+        self._times = ConnectionTimes(
+            options.handshake_timeout_s, options.idle_timeout_s, options.body_timeout_s, options.min_body_rate
+        )
         # The open connections, each with its peer as grpc writes it.
         self._peers: dict[Http2Connection, str] = {}
         self._servers: list[asyncio.AbstractServer] = []
@@ -116,14 +122,7 @@ class GrpcServer:
             connection.abort()
 
     def _connection(self) -> Http2Connection:
-        options = self._options
-        return Http2Connection(
-            self._stream,
-            self._opened,
-            self._closed,
-            options.handshake_timeout_s,
-            options.idle_timeout_s,
-        )
+        return Http2Connection(self._stream, self._opened, self._closed, self._times, self._budget)
 
     def _opened(self, connection: Http2Connection) -> bool:
         if len(self._peers) >= self._options.max_connections:
@@ -164,6 +163,9 @@ class GrpcServer:
             finish(stream, StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding!r}' is not supported")
             return None
         seconds = timeout_of(timeout) if timeout is not None else None
+        if seconds is not None and seconds <= 0:
+            finish(stream, StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            return None
         return Call(stream, method, headers, self._peers[stream.connection], self._limits, seconds, inflate)
 
 

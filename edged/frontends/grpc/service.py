@@ -78,6 +78,11 @@ class GrpcOptions:
     max_connections: int = 1024
     handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 600.0
+    # A request must bring min_body_rate bytes per second over each body_timeout_s window; the request bytes held
+    # by the whole endpoint are bounded (edged.frontends.grpc.bounds).
+    body_timeout_s: float = 30.0
+    min_body_rate: int = 1024
+    max_buffered_bytes: int = 256 * 1024 * 1024
     # Bytes of replies a stream holds that its client has not read yet (see the module's docstring).
     max_queued_stream_bytes: int = 64 * 1024 * 1024
 
