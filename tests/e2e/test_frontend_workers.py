@@ -12,6 +12,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import h2.config
+import h2.connection
+import h2.events
 import modelgen  # type: ignore[import-not-found, unused-ignore]
 import numpy as np
 import pytest
@@ -31,12 +35,14 @@ from server import (
     ADD_SUB_INPUT0,
     ADD_SUB_INPUT1,
     REPO_ROOT,
+    TRACEBACK_MARKER,
     Server,
     add_sub_inputs,
     free_ports,
     grpc_add_sub_inputs,
     run_server,
 )
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 WORKERS: Final = 2
@@ -351,6 +357,117 @@ def test_grpc_errors_and_metadata_through_a_worker(
     assert grpc_worker.get_model_metadata("add_sub").inputs[0].name == "INPUT0"
     assert grpc_worker.get_model_config("add_sub").config.max_batch_size == 8
     assert grpc_worker.get_inference_statistics("add_sub").model_stats[0].name == "add_sub"
+
+
+class _RawGrpc:
+    """One HTTP/2 connection through h2, told to send header fields as given: metadata that grpc's own client
+    refuses to send, though HTTP/2 carries it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        config = h2.config.H2Configuration(
+            client_side=True, validate_outbound_headers=False, normalize_outbound_headers=False
+        )
+        self.h2 = h2.connection.H2Connection(config)
+        self.h2.initiate_connection()
+        self._flush()
+
+    def _flush(self) -> None:
+        if data := self.h2.data_to_send():
+            self.sock.sendall(data)
+
+    def call(
+        self, method: str, request: bytes, metadata: list[tuple[bytes, bytes]] | None = None
+    ) -> tuple[dict[bytes, bytes], bytes]:
+        """One unary RPC of GRPCInferenceService: the reply's header fields and trailers together, and its body."""
+        stream = self.h2.get_next_available_stream_id()
+        headers = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", f"/inference.GRPCInferenceService/{method}".encode()),
+            (b":authority", f"127.0.0.1:{self.port}".encode()),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            *(metadata or []),
+        ]
+        self.h2.send_headers(stream, headers)
+        self.h2.send_data(stream, b"\0" + len(request).to_bytes(4, "big") + request, end_stream=True)
+        self._flush()
+        fields: dict[bytes, bytes] = {}
+        body = bytearray()
+        while True:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the daemon closed the connection")
+            for event in self.h2.receive_data(data):
+                if getattr(event, "stream_id", None) != stream:
+                    continue
+                if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    fields.update((bytes(name), bytes(value)) for name, value in event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, stream)
+                elif isinstance(event, h2.events.StreamReset):
+                    raise AssertionError(f"stream {stream} reset with code {event.error_code}")
+                elif isinstance(event, h2.events.StreamEnded):
+                    self._flush()
+                    return fields, bytes(body)
+            self._flush()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _raw_grpc_connect(server: Server) -> _RawGrpc:
+    client = _RawGrpc(server.grpc_port)
+    # A whole call: the connection is accepted, by the daemon or a worker, once it is answered.
+    fields, _ = client.call("ServerLive", b"")
+    assert fields.get(b"grpc-status") == b"0", fields
+    return client
+
+
+def test_metadata_grpc_cannot_send_is_not_relayed_by_a_worker(workers_server: Server) -> None:
+    # Keys HTTP/2 (RFC 9113 §8.2.1) carries but grpc does not (only a-z 0-9 - _ .), and values of keys not ending in
+    # -bin with bytes outside printable ASCII: grpc's client refuses to send them, so the worker that relays the
+    # call to the daemon leaves them out rather than failing the call with UNKNOWN and a traceback.
+    odd = [
+        (b"x!key", b"v"),
+        (b"a^b", b"v"),
+        (b"key~", b"v"),
+        (b"x-latin", b"caf\xe9"),
+        (b"x-delete", b"a\x7fb"),
+        (b"x-fine", b"kept"),
+    ]
+    before = len(workers_server.log())
+    client, _ = on_a_worker(
+        workers_server, workers_server.grpc_port, partial(_raw_grpc_connect, workers_server), _RawGrpc.close
+    )
+    try:
+        fields, body = client.call("ServerLive", b"", odd)
+        assert fields.get(b"grpc-status") == b"0", fields
+        assert service_pb2.ServerLiveResponse.FromString(body[5:]).live
+        request = service_pb2.ModelReadyRequest(name="add_sub").SerializeToString()
+        fields, body = client.call("ModelReady", request, odd)
+        assert fields.get(b"grpc-status") == b"0", fields
+        assert service_pb2.ModelReadyResponse.FromString(body[5:]).ready
+        # The same connection serves on.
+        fields, _ = client.call("ServerReady", b"")
+        assert fields.get(b"grpc-status") == b"0", fields
+    finally:
+        client.close()
+    grpc_client, _ = on_a_worker(
+        workers_server, workers_server.grpc_port, partial(_grpc_connect, workers_server), lambda c: c.close()
+    )
+    try:
+        assert grpc_client.is_model_ready("add_sub")
+        result = grpc_client.infer("add_sub", grpc_add_sub_inputs())
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+    finally:
+        grpc_client.close()
+    log = workers_server.log()[before:]
+    assert TRACEBACK_MARKER not in log, log
+    assert "ExecuteBatchError" not in log, log
 
 
 def test_grpc_stream_of_a_decoupled_model_on_a_worker(grpc_worker: grpcclient.InferenceServerClient) -> None:

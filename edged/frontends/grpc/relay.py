@@ -8,6 +8,7 @@ The worker shares the daemon's port (SO_REUSEPORT): the kernel gives each new co
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, cast
@@ -33,6 +34,23 @@ _HEALTH: Final = "grpc.health.v1.Health"
 _LOCAL: Final = frozenset({"ModelInfer", "ModelStreamInfer"})
 # Metadata grpc sets on a call itself: never copied onto the relayed one.
 _TRANSPORT_KEYS: Final = frozenset({"user-agent", "te", "content-type", "authority", "host"})
+# The metadata keys grpc's client sends: any other fails the relayed call before it leaves ("Unexpected
+# ExecuteBatchError"), though HTTP/2 allows many more (RFC 9113 §8.2.1: `x!key`, `a^b`, `key~`).
+_LEGAL_KEY: Final = re.compile(r"[-.0-9_a-z]+").fullmatch
+
+
+def _relayable(key: str, value: str | bytes) -> bool:
+    """Whether the client's metadata entry is copied onto the relayed call. Those of the transport, grpc's own and
+    RELAYED_PEER (which only this worker says) never are; nor is what grpc's client refuses: a key of other
+    characters than ``_LEGAL_KEY``'s, or, for a key not ending in ``-bin``, a value with a byte outside printable
+    ASCII (0x20-0x7E; RFC 9113 allows 0x7F and 0x80-0xFF). Dropping such an entry cannot let a call through that
+    should be refused: the daemon checks the credentials it carries (``authorization``, ``triton-grpc-protocol-*``),
+    and without them refuses the call, as it refuses a client that sent none."""
+    if key in _TRANSPORT_KEYS or key == RELAYED_PEER or key.startswith("grpc-") or _LEGAL_KEY(key) is None:
+        return False
+    if key.endswith("-bin"):
+        return True  # decoded from base64 by the Call: any bytes
+    return isinstance(value, str) and value.isascii() and value.isprintable()
 
 
 class RelayingServer:
@@ -69,11 +87,7 @@ class RelayingServer:
         call = self._daemon.unary_unary(method)
 
         async def relayed(request: bytes, context: Call) -> bytes:
-            metadata = [
-                (key, value)
-                for key, value in context.invocation_metadata()
-                if key not in _TRANSPORT_KEYS and not key.startswith(("grpc-", ":")) and key != RELAYED_PEER
-            ]
+            metadata = [(key, value) for key, value in context.invocation_metadata() if _relayable(key, value)]
             metadata.append((RELAYED_PEER, context.peer()))
             try:
                 reply: bytes = await call(request, metadata=metadata, timeout=context.time_remaining())
