@@ -10,16 +10,15 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-import h2.config
-import h2.connection
 import h2.events
 import h2.settings
 import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from h2client import Client, grpc_headers, message
 from server import Server, assert_grpc_still_serving, run_server
 from tritonclient.grpc import service_pb2
 
@@ -37,112 +36,8 @@ SERVER_MAX_STREAMS: Final = 256
 IDLE_S: Final = 1.0
 
 
-def _message(body: bytes) -> bytes:
-    return b"\0" + len(body).to_bytes(4, "big") + body
-
-
-def _headers(path: str, port: int) -> list[tuple[str, str]]:
-    return [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", f"127.0.0.1:{port}"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]
-
-
-class Client:
-    """One HTTP/2 connection, as a gRPC client makes it, through h2."""
-
-    def __init__(self, port: int, settings: dict[int, int] | None = None) -> None:
-        self.port = port
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        self.h2.initiate_connection()
-        if settings:
-            self.h2.update_settings(settings)
-        self.flush()
-        self.events: list[Any] = []
-        self.max_data_frame = 0
-
-    def flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data:
-            self.sock.sendall(data)
-
-    def open(
-        self, path: str, body: bytes | None = None, headers: list[tuple[str, str]] | None = None, *, end: bool = True
-    ) -> int:
-        stream = self.h2.get_next_available_stream_id()
-        self.h2.send_headers(stream, headers or _headers(path, self.port), end_stream=body is None and end)
-        if body is not None:
-            self._send(stream, body)
-        self.flush()
-        return stream
-
-    def _send(self, stream: int, body: bytes) -> None:
-        """The body within the daemon's windows and frame size, as a client must send it."""
-        view = memoryview(body)
-        while True:
-            size = min(len(view), self.h2.local_flow_control_window(stream), self.h2.max_outbound_frame_size)
-            if size == 0 and view:
-                self.flush()
-                self.receive()
-                continue
-            self.h2.send_data(stream, bytes(view[:size]), end_stream=size == len(view))
-            view = view[size:]
-            if not view:
-                return
-
-    def receive(self) -> list[Any]:
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise ConnectionError("closed")
-        events = self.h2.receive_data(data)
-        for event in events:
-            if isinstance(event, h2.events.DataReceived):
-                self.max_data_frame = max(self.max_data_frame, len(event.data))
-                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        self.flush()
-        self.events += events
-        return events
-
-    def answer(self, stream: int) -> tuple[dict[str, str], bytes, dict[str, str]]:
-        """The reply's headers, body and trailers (for a trailers-only reply: its headers as both)."""
-        headers: dict[str, str] = {}
-        trailers: dict[str, str] = {}
-        body = bytearray()
-        done = False
-        seen = 0
-        while not done:
-            while seen < len(self.events):
-                event = self.events[seen]
-                seen += 1
-                if getattr(event, "stream_id", None) != stream:
-                    continue
-                if isinstance(event, h2.events.ResponseReceived):
-                    headers = _text(event.headers)
-                elif isinstance(event, h2.events.TrailersReceived):
-                    trailers = _text(event.headers)
-                elif isinstance(event, h2.events.DataReceived):
-                    body += event.data
-                elif isinstance(event, h2.events.StreamReset):
-                    raise AssertionError(f"stream {stream} reset with code {event.error_code}")
-                elif isinstance(event, h2.events.StreamEnded):
-                    done = True
-            if not done:
-                self.receive()
-        return headers, bytes(body), trailers or headers
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _text(headers: Any) -> dict[str, str]:
-    return {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in headers
-    }
+_message = message
+_headers = grpc_headers
 
 
 @pytest.fixture

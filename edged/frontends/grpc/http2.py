@@ -286,13 +286,20 @@ class Http2Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         transport = self.transport
-        if transport is not None and not self.closed:
-            self._flush()
-            self.closed = True
+        if transport is None or self.closed:
+            return
+        self._flush()
+        self.closed = True
+        if transport.can_write_eof():
+            # The client reads the GOAWAY rather than a reset: its side stays open, what it still sends is read and
+            # dropped (data_received) until it closes too, for at most LINGER_S.
+            transport.write_eof()
+            if self._stalled:
+                transport.resume_reading()
+        else:
             transport.close()
-            # What is still buffered goes out as the client reads it; a client that reads nothing is dropped.
-            if transport.get_write_buffer_size():
-                self._loop.call_later(LINGER_S, transport.abort)
+        # A client that reads nothing, or does not close, is dropped.
+        self._loop.call_later(LINGER_S, transport.abort)
 
     def _forget(self, stream: Stream) -> None:
         if self.streams.pop(stream.id, None) is None:
