@@ -1,4 +1,4 @@
-"""Bad inputs, the seventeen classes of SECURITY.md: each gets a precise status, the daemon and its other models keep
+"""Bad inputs, the classes of SECURITY.md (1-23 here): each gets a precise status, the daemon and its other models keep
 serving, nothing is written where it does not belong and no error names an internal path.
 
 Many classes are covered where their feature is tested; this module adds what those leave open, against one
@@ -49,6 +49,24 @@ daemon with default limits (explicit model control, every model loaded). Class -
 |    |                              | test_shared_memory_input_while_disabled; test_shared_memory_changes.py (regions  |
 |    |                              | cut short or unlinked while in use)                                              |
 | 17 | unbounded response queues    | here TestStreamBacklog                                                           |
+| 18 | HTTP/2 header-block cost     | test_grpc_http2_attacks.py::test_a_header_block_past_the_bound_is_refused_from_  |
+|    |                              | its_frame_header, ::test_a_megabyte_of_table_size_updates_does_not_stall_the_    |
+|    |                              | loop, ::test_more_than_two_table_size_updates_are_refused,                       |
+|    |                              | ::test_a_settings_frame_of_many_entries_is_refused_whole                         |
+| 19 | HTTP/2 control-frame floods  | test_grpc_http2_attacks.py::test_a_ping_flood_from_a_client_that_reads_nothing_  |
+|    |                              | ends_and_memory_stays_flat, ::test_a_flood_is_answered_enhance_your_calm         |
+|    |                              | (SETTINGS, rapid reset, empty CONTINUATION and DATA, unknown frames)             |
+| 20 | held request bodies          | test_grpc_http2_attacks.py::test_request_bytes_are_bounded_per_connection_and_   |
+|    |                              | for_the_endpoint, ::test_a_request_that_stops_arriving_is_refused_and_its_       |
+|    |                              | connection_idles_out, ::test_a_reply_whose_client_opens_no_window_is_reset       |
+| 21 | per-connection caches        | test_grpc_http2_attacks.py::test_distinct_large_header_blocks_on_many_           |
+|    |                              | connections_are_not_kept, ::test_streams_past_the_endpoint_bound_are_refused     |
+| 22 | expired deadlines            | test_grpc_http2_attacks.py::test_an_expired_deadline_is_answered_at_once_and_    |
+|    |                              | frees_its_stream                                                                 |
+| 23 | malformed HTTP/2 requests    | test_grpc_http2_attacks.py::test_a_malformed_request_is_a_stream_error_and_the_  |
+|    |                              | connection_goes_on, ::test_trailers_from_the_client_are_checked_too;             |
+|    |                              | test_grpc_http2.py (malformed frames); test_frontend_workers.py::test_metadata_  |
+|    |                              | grpc_cannot_send_is_not_relayed_by_a_worker                                      |
 """
 
 from __future__ import annotations
