@@ -186,7 +186,9 @@ ATTACKS: Final[dict[str, Callable[[int], int | None]]] = {
     "header block of size updates": lambda port: flood(port, size_update_headers()[:4096]),
     "settings of many entries": lambda port: flood(port, settings_entries(174_000)),
     "settings flood": lambda port: flood(port, empty_settings(5_000)),
-    "ping flood, not reading": lambda port: flood(port, pings(400_000), receive_buffer=4096),
+    # Large enough to outlast the socket buffers on both sides (a few MB on loopback): a client that reads late is
+    # only slow.
+    "ping flood, not reading": lambda port: flood(port, pings(1_500_000), receive_buffer=4096),
     "rapid reset": lambda port: flood(port, rapid_resets(2_000)),
     "empty continuations": lambda port: flood(port, empty_continuations(20_000)),
     "empty data": lambda port: flood(port, empty_data(20_000)),

@@ -12,7 +12,12 @@ control mode and drives, each from its own thread in a closed loop:
 - ``python-large``: HTTP infer on identity_python (Python backend) with tensors of 64 KiB to 1 MiB, which travel
   through the stub's shared memory rather than inside its packets;
 - ``ensemble``: gRPC infer on add_sub_chain;
-- ``reload``: unload and load of the cycled models, each checked with one inference once loaded.
+- ``reload``: unload and load of the cycled models, each checked with one inference once loaded;
+- ``attack``, with ``--attack`` only: the hostile HTTP/2 clients of ``scripts/h2floods.py`` (its ``ATTACKS``: header
+  block of size updates, SETTINGS of many entries, SETTINGS and PING floods, rapid reset, empty CONTINUATION and DATA
+  frames) against the gRPC port, one after another in turn with a pause of 0.2 s between them, each on a new
+  connection that the daemon must end with GOAWAY ENHANCE_YOUR_CALM; anything else fails that request. Memory,
+  descriptors and threads must stay flat under them too, and the other workloads keep succeeding.
 
 Every answer is checked against numpy. Every ``--sample-seconds`` it records the daemon's and its Python stubs' RSS,
 open file descriptors and threads, the stubs' count, the shared memory segments they hold (the Python backend's
@@ -26,6 +31,8 @@ failed or the daemon logged a traceback.
 
 Run it through ``scripts/soak``::
 
+    scripts/soak --minutes N [--csv PATH] [--plot PATH] [--sample-seconds S] [--reload-seconds S]
+                 [--workdir DIR] [--attack]
     scripts/soak --minutes 3 --csv soak.csv --plot soak.png
 """
 
@@ -67,6 +74,8 @@ LARGE_SIZES: Final = (16_384, 65_536, 262_144)
 TRACEBACK_MARKER: Final = "Traceback (most recent call last)"
 READY_MARKER: Final = "edged ready"
 STARTUP_TIMEOUT_S: Final = 120.0
+# Between two attacks of --attack: the ping flood alone sends about 7 MB, and back to back they would take a core.
+ATTACK_PAUSE_S: Final = 0.2
 SPARKS: Final = "▁▂▃▄▅▆▇█"
 
 ENSEMBLE_CONFIG: Final = """name: "add_sub_chain"
@@ -344,6 +353,30 @@ def reload_loop(daemon: Daemon, workload: Workload, stop: threading.Event, perio
                 _timed(workload, cycle)
 
 
+def attack_loop(daemon: Daemon, workload: Workload, stop: threading.Event) -> None:
+    """scripts/h2floods.py's attacks against the gRPC port in turn, each one request: a failure unless the daemon
+    ended its connection with GOAWAY ENHANCE_YOUR_CALM."""
+    import h2floods  # from scripts/, on sys.path since build_repository
+
+    attacks = list(h2floods.ATTACKS.items())
+    turn = 0
+    while not stop.is_set():
+        name, attack = attacks[turn % len(attacks)]
+        turn += 1
+
+        def once(name: str = name, attack: Callable[[int], int | None] = attack) -> str | None:
+            try:
+                code = attack(daemon.grpc_port)
+            except Exception as exc:
+                return f"{name}: {type(exc).__name__}: {str(exc)[:160]}"
+            if code == h2floods.ENHANCE_YOUR_CALM:
+                return None
+            return f"{name}: GOAWAY {code if code is None else hex(code)}"
+
+        _timed(workload, once)
+        stop.wait(ATTACK_PAUSE_S)
+
+
 def _timed(workload: Workload, call: Callable[[], str | None]) -> None:
     started = time.monotonic()
     try:
@@ -559,6 +592,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="keep the repository, state and log here (default: a temporary folder)",
     )
+    parser.add_argument(
+        "--attack",
+        action="store_true",
+        help="also run scripts/h2floods.py's hostile HTTP/2 clients against the gRPC port, in turn (workload attack)",
+    )
     args = parser.parse_args(argv)
 
     with contextlib.ExitStack() as stack:
@@ -589,6 +627,8 @@ def soak(daemon: Daemon, args: argparse.Namespace, csv_path: Path, plot_path: Pa
         "ensemble": ensemble_loop,
         "reload": lambda d, w, s: reload_loop(d, w, s, args.reload_seconds),
     }
+    if args.attack:
+        loops["attack"] = attack_loop
     workloads = {name: Workload(name) for name in loops}
     threads = [
         threading.Thread(target=loop, args=(daemon, workloads[name], stop), name=name, daemon=True)
