@@ -12,7 +12,6 @@ with the decoded block.
 
 from __future__ import annotations
 
-import re
 from typing import Final
 
 _TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
@@ -21,7 +20,7 @@ _REQUIRED: Final = frozenset({b":method", b":scheme", b":path"})
 _CONNECTION_SPECIFIC: Final = frozenset(
     {b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"}
 )
-_BAD_VALUE: Final = re.compile(rb"[\0\r\n]|^[ \t]|[ \t]$")
+_EDGES: Final = (b" ", b"\t")
 
 
 def check_request(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, str | None]:
@@ -51,7 +50,7 @@ def check_request(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, str |
                 if not value.isdigit() or (length is not None and int(value) != length):
                     return None, "content-length that is not one number"
                 length = int(value)
-        if _BAD_VALUE.search(value):
+        if _bad_value(value):
             return None, f"the value of {_shown(name)} has NUL, CR or LF, or begins or ends with white space"
     missing = _REQUIRED - seen
     if missing:
@@ -67,9 +66,14 @@ def check_trailers(headers: list[tuple[bytes, bytes]]) -> str | None:
         error = _field_error(name)
         if error is not None:
             return error
-        if _BAD_VALUE.search(value):
+        if _bad_value(value):
             return f"the value of {_shown(name)} has NUL, CR or LF, or begins or ends with white space"
     return None
+
+
+def _bad_value(value: bytes) -> bool:
+    # Searched byte by byte in C (memchr): a regular expression takes milliseconds over a 60 KB value.
+    return b"\0" in value or b"\r" in value or b"\n" in value or value[:1] in _EDGES or value[-1:] in _EDGES
 
 
 def _field_error(name: bytes) -> str | None:
