@@ -72,6 +72,7 @@ class Client:
             self.h2.send_data(stream, bytes(view[:size]), end_stream=end and size == len(view))
             view = view[size:]
             if not view:
+                self.flush()
                 return
 
     def receive(self) -> list[Any]:

@@ -28,6 +28,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from h2client import Client, Watch, grpc_headers, message
 from server import Server, assert_grpc_still_serving, run_server
+from tritonclient.grpc import service_pb2
 
 MIB: Final = 1 << 20
 # The longest a health check may wait while an attack runs; each attack cost the loop seconds before.
@@ -41,6 +42,7 @@ STREAMS_PER_CONNECTION: Final = 256
 GRPC_RESOURCE_EXHAUSTED: Final = "8"
 GRPC_DEADLINE_EXCEEDED: Final = "4"
 REFUSED_STREAM: Final = 0x7
+STREAM_INFER: Final = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +230,27 @@ def test_a_request_that_stops_arriving_is_refused_and_its_connection_idles_out(i
         client.sock.settimeout(30)
         while not any(isinstance(event, h2.events.ConnectionTerminated) for event in client.events):
             client.receive()
+    finally:
+        client.close()
+
+
+def test_a_stream_stalled_inside_a_message_ends_with_trailers_after_its_replies(impatient: Server) -> None:
+    # A streaming call waits for its client between messages for as long as it likes, but not inside one.
+    client = Client(impatient.grpc_port)
+    try:
+        request = service_pb2.ModelInferRequest(model_name="add_sub")
+        for name in ("INPUT0", "INPUT1"):
+            request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+            request.raw_input_contents.append(bytes(64))
+        stream = client.open(STREAM_INFER, message(request.SerializeToString()), end=False)
+        while not any(isinstance(event, h2.events.DataReceived) for event in client.events):
+            client.receive()
+        client.send(stream, message(bytes(100))[:10], end=False)
+        # The strict client would refuse a second response head: the status must come as trailers.
+        headers, body, trailers = client.answer(stream)
+        assert headers[":status"] == "200" and body
+        assert trailers["grpc-status"] == GRPC_DEADLINE_EXCEEDED, trailers
+        assert "arrived too slowly" in trailers["grpc-message"]
     finally:
         client.close()
 

@@ -111,6 +111,7 @@ class Call:
         "_messages",
         "_method",
         "_peer",
+        "_started",
         "_stream",
         "_task",
         "_timer",
@@ -137,6 +138,7 @@ class Call:
         self._deferred = 0
         self._task: asyncio.Task[None] | None = None
         self._expired = False
+        self._started = False  # a streaming call's reply headers are sent
         loop = limits.loop
         self._deadline = loop.time() + timeout if timeout is not None else None
         self._timer = loop.call_at(self._deadline, self._expire) if self._deadline is not None else None
@@ -315,26 +317,25 @@ class Call:
 
     async def _run_stream(self) -> None:
         stream = self._stream
-        started = False
         try:
             async for reply in self._method.serve(self._requests(), self):
                 message = self._encode(reply)
-                if not started:
+                if not self._started:
                     stream.send_headers(_OK_HEADERS)
-                    started = True
+                    self._started = True
                 await stream.send_data(message)
         except asyncio.CancelledError:
-            self._cancelled(started)
+            self._cancelled()
             return
         except Aborted as exc:
-            self._finish(exc.code, exc.details, started)
+            self._finish(exc.code, exc.details)
             return
         except Exception as exc:
-            self._failed(exc, started)
+            self._failed(exc)
             return
         if self._timer is not None:
             self._timer.cancel()
-        if not started:
+        if not self._started:
             stream.send_headers(_OK_HEADERS)
         stream.send_headers(_OK_TRAILERS, end_stream=True)
 
@@ -358,14 +359,14 @@ class Call:
             raise Aborted(StatusCode.RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(data)} vs. {limit})")
         return b"\0" + len(data).to_bytes(4, "big") + data
 
-    def _cancelled(self, started: bool = False) -> None:
+    def _cancelled(self) -> None:
         if self._expired:
-            self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", started)
+            self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         # Otherwise the client reset the stream or went away: there is no one to answer.
 
-    def _failed(self, exc: Exception, started: bool = False) -> None:
+    def _failed(self, exc: Exception) -> None:
         log.error("unhandled error in gRPC call", exc_info=exc)
-        self._finish(StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}", started)
+        self._finish(StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}")
 
     def _expire(self) -> None:
         self._timer = None
@@ -381,11 +382,12 @@ class Call:
         if self._task is not None:
             self._task.cancel()
 
-    def _finish(self, code: StatusCode, details: str, started: bool = False) -> None:
+    def _finish(self, code: StatusCode, details: str) -> None:
+        """Ends the call with a status: as trailers once a streaming call's replies have begun."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        finish(self._stream, code, details, started)
+        finish(self._stream, code, details, self._started)
 
 
 def finish(stream: Stream, code: StatusCode, details: str, started: bool = False) -> None:
