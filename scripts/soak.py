@@ -74,7 +74,7 @@ LARGE_SIZES: Final = (16_384, 65_536, 262_144)
 TRACEBACK_MARKER: Final = "Traceback (most recent call last)"
 READY_MARKER: Final = "edged ready"
 STARTUP_TIMEOUT_S: Final = 120.0
-# Between two attacks of --attack: the ping flood alone sends about 7 MB, and back to back they would take a core.
+# Between two attacks of --attack: the ping flood alone sends about 25 MB, and back to back they would take a core.
 ATTACK_PAUSE_S: Final = 0.2
 SPARKS: Final = "▁▂▃▄▅▆▇█"
 
