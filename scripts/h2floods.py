@@ -16,6 +16,8 @@ from typing import Final
 
 import hpack
 
+from edged.frontends.grpc.frames import header_block
+
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 2, 3, 4, 6, 7, 8, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
@@ -47,27 +49,11 @@ def request_fields(path: str = LIVE, *extra: tuple[bytes, bytes], method: bytes 
 
 
 def block(fields: Iterable[tuple[bytes, bytes]], encoder: hpack.Encoder | None = None) -> bytes:
-    """A header block as written, with no check of what it says (literals, no Huffman, no indexing when no
-    ``encoder`` is given)."""
+    """A header block as written, with no check of what it says: literals without indexing and no Huffman (edged's
+    own encoder, which keeps no table state) when no ``encoder`` is given."""
     if encoder is not None:
         return bytes(encoder.encode(list(fields), huffman=False))
-    parts = []
-    for name, value in fields:
-        parts.append(b"\x00" + _string(name) + _string(value))
-    return b"".join(parts)
-
-
-def _string(data: bytes) -> bytes:
-    size = len(data)
-    if size < 127:
-        return bytes((size,)) + data
-    size -= 127
-    prefix = bytearray(b"\x7f")
-    while size >= 128:
-        prefix.append((size & 0x7F) | 0x80)
-        size >>= 7
-    prefix.append(size)
-    return bytes(prefix) + data
+    return header_block(list(fields))
 
 
 def connect(port: int, *, receive_buffer: int | None = None, timeout: float = 30.0) -> socket.socket:
