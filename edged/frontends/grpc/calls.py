@@ -260,18 +260,15 @@ class Call:
 
     def _start(self, coroutine: Any) -> None:
         task = self._task = self._limits.loop.create_task(coroutine)
-        self._limits.tasks.add(task)
-        task.add_done_callback(self._done)
+        tasks = self._limits.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._limits.tasks.discard(task)
+    def _expired_task_done(self, task: asyncio.Task[None]) -> None:
         if self._stream.open_local:
-            # Cancelled before it first ran (a deadline that passed at once, the server stopping): it never got to
-            # answer, and its stream would stay open for good.
-            if self._expired:
-                self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            else:
-                self._stream.reset()
+            # Cancelled before it first ran (its deadline passed at once): it never got to answer, and its stream
+            # would stay open for good.
+            self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _decode(self, framed: bytes | memoryview) -> Any:
         payload = framed[5:]
@@ -373,6 +370,7 @@ class Call:
         self._expired = True
         if self._task is not None:
             self._task.cancel()
+            self._task.add_done_callback(self._expired_task_done)
         else:
             self._finish(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 

@@ -395,7 +395,7 @@ class Http2Connection(asyncio.Protocol):
         self._out = []
         try:
             self._frames(data)
-        finally:
+        finally:  # whatever escapes, later writes must not be left in the list
             self._flush()
 
     def _frames(self, data: bytes) -> None:
@@ -458,7 +458,9 @@ class Http2Connection(asyncio.Protocol):
     def _flush(self) -> None:
         out = self._out
         self._out = None
-        if out and not self.closed and self.transport is not None:
+        if not out:
+            return
+        if not self.closed and self.transport is not None:
             self._out_size = 0
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
             self._check_queue()
