@@ -6,105 +6,145 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from server import Server, run_server
 from tritonclient.utils import InferenceServerException
 
-# Enough matrix products that one execution takes seconds on a small machine.
-PRODUCTS = 60
-WIDTH = 1024
-ROWS = 512
-# How long an HTTP client waits before it hangs up: its request must have reached the model by then, or the request
-# is cancelled before the model runs and the model has nothing to see.
-HANG_UP_AFTER_S = 0.5
+# Loop iterations that no machine finishes: a run of the spinning model ends only when it is terminated.
+FOREVER = 10**15
 TIMEOUT_S = 30.0
 
 
-def _write_slow_model(model_dir: Path) -> None:
-    weight = numpy_helper.from_array(np.eye(WIDTH, dtype=np.float32), "weight")
-    nodes = [
-        helper.make_node(
-            "MatMul", ["INPUT0" if i == 0 else f"t{i}", "weight"], [f"t{i + 1}" if i + 1 < PRODUCTS else "OUTPUT0"]
-        )
-        for i in range(PRODUCTS)
-    ]
+def _write_spinning_model(model_dir: Path) -> None:
+    """A model whose one Loop runs TRIPS times: a request with FOREVER trips holds the instance until onnxruntime
+    terminates the run, one with a single trip answers at once."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Mul", ["x_in", "one"], ["x_out"])],
+        "spin",
+        [
+            helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_in", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_out", TensorProto.FLOAT, None),
+        ],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )
+    always = helper.make_tensor("always", TensorProto.BOOL, [], [True])
     graph = helper.make_graph(
-        nodes,
-        "slow",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [ROWS, WIDTH])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [ROWS, WIDTH])],
-        [weight],
+        [
+            helper.make_node("Constant", [], ["cond"], value=always),
+            helper.make_node("Loop", ["TRIPS", "cond", "INPUT0"], ["OUTPUT0"], body=body),
+        ],
+        "spinning",
+        [
+            helper.make_tensor_value_info("TRIPS", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [4]),
+        ],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [4])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     (model_dir / "1").mkdir(parents=True)
     onnx.save(model, str(model_dir / "1" / "model.onnx"))
     (model_dir / "config.pbtxt").write_text(
-        'platform: "onnxruntime_onnx"\n'
-        "max_batch_size: 0\n"
-        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        # Graph optimizations would fold the identity products away.
-        "optimization { graph { level: 2 } }\n",
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 0\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n',
         encoding="utf-8",
     )
 
 
 @pytest.fixture(scope="module")
-def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    repo = tmp_path_factory.mktemp("slow-repository")
-    _write_slow_model(repo / "slow")
+def spinning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("spinning-repository")
+    _write_spinning_model(repo / "spin")
     with run_server([repo]) as running:
         yield running
 
 
-def _counts(client: grpcclient.InferenceServerClient) -> tuple[int, int, int]:
-    stats = client.get_inference_statistics("slow", as_json=True)["model_stats"][0]
-    inference = stats["inference_stats"]
-    return (
-        int(stats.get("execution_count", 0)),
-        int(inference["success"].get("count", 0)),
-        int(inference["fail"].get("count", 0)),
-    )
+def _spin_inputs(trips: int) -> list[grpcclient.InferInput]:
+    count = grpcclient.InferInput("TRIPS", [1], "INT64")
+    count.set_data_from_numpy(np.array([trips], dtype=np.int64))
+    tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(np.ones(4, dtype=np.float32))
+    return [count, tensor]
 
 
-def test_a_cancelled_request_terminates_its_execution(slow_server: Server) -> None:
-    client = grpcclient.InferenceServerClient(slow_server.grpc_url)
-    tensor = grpcclient.InferInput("INPUT0", [ROWS, WIDTH], "FP32")
-    tensor.set_data_from_numpy(np.ones((ROWS, WIDTH), dtype=np.float32))
-    with pytest.raises(InferenceServerException) as caught:
-        # The deadline passes long before the products are done; gRPC then cancels the call on the server.
-        client.infer("slow", [tensor], client_timeout=0.3)
-    assert "Deadline" in str(caught.value)
-    deadline = time.monotonic() + 120
-    while _counts(client)[0] == 0:
-        assert time.monotonic() < deadline, "the execution never ended"
+def _stats(client: grpcclient.InferenceServerClient) -> dict[str, Any]:
+    stats: dict[str, Any] = client.get_inference_statistics("spin", as_json=True)["model_stats"][0]
+    return stats
+
+
+def _pending(server: Server) -> int:
+    for line in httpx.get(f"http://{server.metrics_url}/metrics", timeout=TIMEOUT_S).text.splitlines():
+        if line.startswith('nv_inference_pending_request_count{model="spin"'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_a_cancelled_request_terminates_its_execution(spinning_server: Server) -> None:
+    client = grpcclient.InferenceServerClient(spinning_server.grpc_url)
+    answers: queue.Queue[Any] = queue.Queue()
+    # Two endless requests for one instance: once one waits (pending), the other is surely executing, and
+    # neither can finish on its own, so only the cancellation ends them, on any machine.
+    calls = [
+        client.async_infer("spin", _spin_inputs(FOREVER), partial(lambda q, result, error: q.put(error), answers))
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while _pending(spinning_server) != 1:
+            assert time.monotonic() < deadline, "the two requests never reached the model"
+            time.sleep(0.05)
+    finally:
+        for call in calls:
+            call.cancel()
+    for _ in calls:
+        error = answers.get(timeout=TIMEOUT_S)
+        assert isinstance(error, InferenceServerException) and "CANCELLED" in str(error.status())
+    deadline = time.monotonic() + TIMEOUT_S
+    while int(_stats(client)["inference_stats"]["fail"].get("count", 0)) < 2:
+        assert time.monotonic() < deadline, "the executions never ended"
         time.sleep(0.05)
-    executions, successes, failures = _counts(client)
-    # Finished, it would count as a success; terminated, it fails.
-    assert (executions, successes, failures) == (1, 0, 1)
+    stats = _stats(client)
+    # Finished, an execution would count as a success; terminated, it fails. The request that waited may have
+    # started before its cancellation arrived (then it was terminated too) or not (then it never executed).
+    assert int(stats["inference_stats"]["success"].get("count", 0)) == 0
+    assert int(stats["inference_stats"]["fail"]["count"]) == 2
+    assert 1 <= int(stats.get("execution_count", 0)) <= 2
     # The instance is free again and serves the next request in full.
-    result = client.infer("slow", [tensor])
+    result = client.infer("spin", _spin_inputs(1), client_timeout=TIMEOUT_S)
     output = result.as_numpy("OUTPUT0")
-    assert output is not None and output.shape == (ROWS, WIDTH)
+    assert output is not None and output.tolist() == [1.0] * 4
     client.close()
 
 
-def _hang_up_on(server: Server, model: str, body: bytes, headers: dict[str, str]) -> None:
-    """Sends one infer request, then closes the connection without reading the answer."""
+def _hang_up_on(server: Server, model: str, body: bytes, headers: dict[str, str], running: str) -> None:
+    """Sends one infer request, then, once the daemon's log shows ``running`` (the model has it), closes the
+    connection without reading the answer."""
+    log_before = len(server.log())
     host, _, port = server.http_url.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
     try:
         conn.request("POST", f"/v2/models/{model}/infer", body, headers)
-        time.sleep(HANG_UP_AFTER_S)
+        deadline = time.monotonic() + TIMEOUT_S
+        while running not in server.log()[log_before:]:
+            assert time.monotonic() < deadline, "the request never reached the model"
+            time.sleep(0.05)
     finally:
         conn.close()
 
@@ -112,13 +152,16 @@ def _hang_up_on(server: Server, model: str, body: bytes, headers: dict[str, str]
 def test_an_http_client_that_hangs_up_cancels_its_request(python_server: Server) -> None:
     log_before = len(python_server.log())
     body = {"id": "h1", "inputs": [{"name": "MODE", "shape": [1], "datatype": "BYTES", "data": ["wait_cancel"]}]}
-    _hang_up_on(python_server, "misbehave", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    _hang_up_on(
+        python_server, "misbehave", json.dumps(body).encode(), headers, "request 'h1' waits for its cancellation"
+    )
     deadline = time.monotonic() + TIMEOUT_S
     while "request 'h1' cancelled:" not in python_server.log()[log_before:]:
         assert time.monotonic() < deadline, "the model never reported whether it saw the cancellation"
         time.sleep(0.05)
     log = python_server.log()[log_before:]
-    # Without the cancellation the model would wait out its 10 s and log False.
+    # Without the cancellation the model would wait out its deadline and log False.
     assert "request 'h1' cancelled: True" in log
     # A client going away is no error of the daemon's, and the daemon goes on serving.
     assert " ERROR " not in log and "Exception in ASGI application" not in log

@@ -495,14 +495,18 @@ def test_a_client_that_hangs_up_on_a_worker_cancels_its_request(workers_server: 
     body = {"id": "w1", "inputs": [{"name": "MODE", "shape": [1], "datatype": "BYTES", "data": ["wait_cancel"]}]}
     try:
         connection.request("POST", "/v2/models/misbehave/infer", json.dumps(body), {"Content-Type": "application/json"})
-        time.sleep(0.5)
+        # Hang up only once the model runs: a request cancelled before it is seen by no model.
+        deadline = time.monotonic() + 30
+        while "request 'w1' waits for its cancellation" not in workers_server.log()[before:]:
+            assert time.monotonic() < deadline, "the request never reached the model"
+            time.sleep(0.05)
     finally:
         connection.close()
     deadline = time.monotonic() + 30
     while "request 'w1' cancelled:" not in workers_server.log()[before:]:
         assert time.monotonic() < deadline, "the model never reported whether it saw the cancellation"
         time.sleep(0.05)
-    # Without the cancellation passed on by the worker, the model would wait out its 10 s and log False.
+    # Without the cancellation passed on by the worker, the model would wait out its deadline and log False.
     assert "request 'w1' cancelled: True" in workers_server.log()[before:]
 
 

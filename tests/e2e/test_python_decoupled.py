@@ -175,7 +175,7 @@ def test_a_cancelled_unary_request_is_seen_by_the_model(python_server: Server) -
     call = client.async_infer(
         "misbehave", [tensor], partial(lambda q, result, error: q.put(error or result), done), request_id="c1"
     )
-    time.sleep(0.3)
+    _wait_for_log(python_server, "request 'c1' waits for its cancellation")
     call.cancel()
     error = done.get(timeout=TIMEOUT_S)
     assert isinstance(error, InferenceServerException) and "CANCELLED" in str(error.status())
