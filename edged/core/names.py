@@ -46,9 +46,16 @@ def is_model_name(name: str) -> bool:
 
 def printable(name: str, limit: int = 80) -> str:
     """``name`` as an error message may show it: control characters escaped, a long name shortened."""
-    shown = "".join(f"\\x{ord(c):02x}" if _is_control(c) else c for c in name)
-    shown = shown.encode("utf-8", "backslashreplace").decode("utf-8")
+    shown = escape_controls(name)
     return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(shown)} characters)"
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1) written ``\\xNN`` and anything UTF-8 cannot encode (a
+    lone surrogate) backslash-escaped, whole: for messages that quote what a remote party chose, which must reach a
+    log line or a JSON answer as one line that no terminal interprets. Escaping twice changes nothing more."""
+    shown = "".join(f"\\x{ord(c):02x}" if _is_control(c) else c for c in text)
+    return shown.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_control(char: str) -> bool:

@@ -14,8 +14,10 @@ start in this order:
 6. ``readiness``: READY=1 to systemd, the status line kept up to date, reloads allowed.
 
 Adding a part (sync, the console) is one line in ``_parts``. Signals: edged.daemon.signals. Start-up problems of
-the daemon itself (a port in use, a repository it cannot read, a state directory it cannot write) end it with
-status 1 and one line saying why; a model that fails to load never does (unless --exit-on-error).
+the daemon itself (a port in use, a repository it cannot read, a state directory it cannot write or that another
+daemon holds) end it with status 1 and one line saying why; a model that fails to load never does (unless
+--exit-on-error). Before all of it the daemon locks its state directory (edged.state.lock): one daemon per state
+directory.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from edged.frontends.http import refusal_counter
 from edged.frontends.metrics.endpoint import MetricsCollector, edged_registry
 from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
 from edged.frontends.metrics.system import DeviceReader, SystemMetrics
+from edged.state.lock import StateDirectoryLock
 from edged.state.records import StateError
 from edged.state.store import StateStore
 
@@ -350,7 +353,10 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
     notifier.status("loading models")
     parts = Parts()
     plan: WorkerPlan | None = None
+    lock: StateDirectoryLock | None = None
     try:
+        # First: a second daemon on the same state directory binds no port and opens no database (edged.state.lock).
+        lock = _lock_state_dir(settings)
         plan = WorkerPlan.make(settings)
         core = Core.build(settings)
         readiness = ReadinessPart(core, settings, notifier, signals)
@@ -378,7 +384,18 @@ async def _serve(settings: Settings, reread: Callable[[], Settings], notifier: S
         await parts.stop()
         if plan is not None:
             plan.remove()
+        if lock is not None:
+            lock.release()
         log.info("edged stopped")
+
+
+def _lock_state_dir(settings: Settings) -> StateDirectoryLock | None:
+    if settings.state_dir is None:
+        return None
+    try:
+        return StateDirectoryLock.acquire(settings.state_dir)
+    except StateError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def _parts(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from edged.core.names import escape_controls
+
 
 class SourceProblem(enum.Enum):
     """Why a sync run failed, as an operator must tell the cases apart."""
@@ -29,5 +31,8 @@ class SyncError(Exception):
     """A sync run failed; the current snapshot is untouched. ``problem`` says which kind of failure it was."""
 
     def __init__(self, problem: SourceProblem, message: str) -> None:
-        super().__init__(f"{problem.value}: {message}")
+        # A message quotes what the remote chose (a key, an error text of the store): its control characters are
+        # escaped here, the one place every sync failure passes, before it reaches the journal, the sync API and
+        # the console.
+        super().__init__(f"{problem.value}: {escape_controls(message)}")
         self.problem = problem

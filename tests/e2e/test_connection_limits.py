@@ -126,44 +126,40 @@ def test_an_idle_kept_alive_connection_is_closed(limited: Server) -> None:
     assert KEEPALIVE_S * 0.9 <= time.monotonic() - started < KEEPALIVE_S + SLACK_S
 
 
-def test_connections_past_the_limit_are_refused_and_grpc_keeps_serving(limited: Server) -> None:
+def test_connections_past_the_limit_make_room_and_grpc_keeps_serving(limited: Server) -> None:
+    # A limit's worth of connections that send nothing does not lock real clients out: a new connection takes the
+    # place of the oldest one yet to send a request (test_connection_eviction has the policy's every case, and the
+    # 503 once every connection is amid a request).
     held = [_connect(limited.http_port) for _ in range(MAX_CONNECTIONS)]
     try:
-        time.sleep(0.2)
-        with _connect(limited.http_port) as extra:
-            status, error = _status_and_error(_read_until_closed(extra))
-        assert status == 503 and error == f"too many connections (at most {MAX_CONNECTIONS})"
-        # HTTP is exhausted; gRPC is not.
+        client = httpclient.InferenceServerClient(limited.http_url)
+        assert_still_serving(client)
+        client.close()
         grpc = grpcclient.InferenceServerClient(limited.grpc_url)
         assert_grpc_still_serving(grpc)
         grpc.close()
     finally:
         for sock in held:
             sock.close()
-    time.sleep(0.3)
-    client = httpclient.InferenceServerClient(limited.http_url)
-    assert_still_serving(client)
-    client.close()
-    assert "HTTP endpoint refused and closed: 1 over the connection limit (503)" in limited.log()
-    # Counted for Prometheus too, beside Triton's families.
+    # Refusals are counted for Prometheus, beside Triton's families.
     metrics = request(limited.metrics_url, "GET", "/metrics").body.decode()
     assert "# TYPE edged_http_refused_connections_total counter" in metrics
-    assert 'edged_http_refused_connections_total{endpoint="HTTP",reason="connection_limit"} 1.0' in metrics
     assert "nv_inference_count" in metrics and "_created" not in metrics
 
 
 def test_half_open_grpc_connections_time_out_and_http_keeps_serving(limited: Server) -> None:
-    # Connections that never speak HTTP/2 count against the gRPC limit until their handshake times out; those past
-    # the limit are closed at once.
+    # Connections that never speak HTTP/2 count against the gRPC limit until their handshake times out; past the
+    # limit each new one takes the place of the oldest of them.
     held = [_connect(limited.grpc_port) for _ in range(MAX_CONNECTIONS + 4)]
     try:
         client = httpclient.InferenceServerClient(limited.http_url)
         assert_still_serving(client)
         client.close()
         started = time.monotonic()
-        for sock in held[-4:]:  # the last ones are past the limit: closed already, long before any timeout
-            sock.settimeout(0.2)
-            assert sock.recv(65536) == b""
+        for sock in held[:4]:  # the first ones made room for the last: closed already, long before any timeout
+            sock.settimeout(SLACK_S + 1)
+            with contextlib.suppress(ConnectionResetError):
+                _read_until_closed(sock)  # after the daemon's SETTINGS, sent to every connection at once
         assert time.monotonic() - started < GRPC_HANDSHAKE_S
         for sock in held:
             sock.settimeout(SLACK_S + 1)

@@ -189,11 +189,18 @@ def test_the_connection_limit_holds_over_tls(pki: Pki, bundled_repository: Path)
         f"--http-header-timeout-secs={HEADER_TIMEOUT_S}",
         tls=client_context(pki.ca),
     ) as server:
-        # First, within the header timeout that would close the held connections.
+        # Each held connection is amid a request, its body awaited (the daemon says so with 100 Continue): at the
+        # limit, a connection yet to send a request would be closed for the new one instead.
         context = client_context(pki.ca)
         held = [context.wrap_socket(socket.create_connection((HOST, server.http_port)), server_hostname=HOST)]
         held.append(context.wrap_socket(socket.create_connection((HOST, server.http_port)), server_hostname=HOST))
         try:
+            for sock in held:
+                sock.sendall(
+                    b"POST /v2/logging HTTP/1.1\r\nHost: edged\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 100\r\nExpect: 100-continue\r\n\r\n"
+                )
+                assert sock.recv(4096).startswith(b"HTTP/1.1 100 Continue")
             # Counted once its handshake is done: the third is answered 503, over TLS, and closed.
             with context.wrap_socket(
                 socket.create_connection((HOST, server.http_port), timeout=10), server_hostname=HOST

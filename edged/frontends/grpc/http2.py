@@ -271,6 +271,33 @@ class Http2Connection(InboundFrames, asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.abort()
 
+    # --- the endpoint's connection limit (edged.frontends.grpc.server) ---------------------------------------------
+
+    @property
+    def settled(self) -> bool:
+        """The client's side of the HTTP/2 handshake (its preface and first SETTINGS) has arrived."""
+        return self._settled
+
+    def idle_since(self) -> float | None:
+        """When this connection's last call ended (or its handshake did) while it has none open and may open
+        more; None otherwise."""
+        if self.closed or self._going_away or not self._settled or self.streams:
+            return None
+        return self._idle_since
+
+    def evict(self) -> None:
+        """Closed at once to admit a new connection at the endpoint's limit; it has no call open. A settled client
+        is told GOAWAY first, so that it reconnects knowing no call was lost; the transport is aborted, not closed,
+        so that its file descriptor goes now rather than after a linger."""
+        if self.closed or self.transport is None:
+            return
+        if self._settled and not self._going_away:
+            self._going_away = True
+            self._flush()
+            goaway = struct.pack(">LL", self._last_stream, NO_ERROR) + b"connection limit"
+            self.transport.write(frame(GOAWAY, 0, 0, goaway))
+        self.transport.abort()
+
     def _close(self) -> None:
         transport = self.transport
         if transport is None or self.closed:

@@ -2,7 +2,10 @@
 (edged.frontends.grpc.http2 and calls) on the daemon's event loop, in plain TCP or TLS, and on the Unix socket that
 frontend workers relay calls to.
 
-Connections are bounded as the HTTP endpoint's are: past ``max_connections`` a new one is closed at once; a
+Connections are bounded as the HTTP endpoint's are: at ``max_connections`` a new one takes the place of the oldest
+connection that has not finished its HTTP/2 handshake, else of the one idle longest (no call open; it is sent
+GOAWAY), so that half-open connections cost their sender, not the device's clients; only when every connection has
+a call open is the new one closed at once. The frontend workers' relay connections are never the ones closed. A
 connection must finish its TLS and HTTP/2 handshakes within the handshake timeout; one without calls for the idle
 timeout is sent GOAWAY and closed; a request must arrive at the minimum body rate; the request bytes every
 connection holds together are bounded (edged.frontends.grpc.bounds states the rest).
@@ -86,6 +89,9 @@ class GrpcServer:
         )
         # The open connections, each with its peer as grpc writes it.
         self._peers: dict[Http2Connection, str] = {}
+        # Connections in the order they opened, to be closed first at the limit while their handshake is not done;
+        # one that finished it is dropped from here only when the limit next looks (each at most once).
+        self._unsettled: dict[Http2Connection, None] = {}
         self._servers: list[asyncio.AbstractServer] = []
 
     async def start(self) -> None:
@@ -125,14 +131,40 @@ class GrpcServer:
         return Http2Connection(self._stream, self._opened, self._closed, self._times, self._budget)
 
     def _opened(self, connection: Http2Connection) -> bool:
-        if len(self._peers) >= self._options.max_connections:
-            log.debug("gRPC connection refused: %d connections are open", len(self._peers))
+        if len(self._peers) >= self._options.max_connections and not self._make_room():
+            log.debug("gRPC connection refused: %d connections are open, each with a call", len(self._peers))
             return False
-        self._peers[connection] = _peer(connection.transport)
+        peer = _peer(connection.transport)
+        self._peers[connection] = peer
+        if not peer.startswith("unix:"):
+            self._unsettled[connection] = None
         return True
 
     def _closed(self, connection: Http2Connection) -> None:
         self._peers.pop(connection, None)
+        self._unsettled.pop(connection, None)
+
+    def _make_room(self) -> bool:
+        """At the limit: close the oldest connection still in its handshake, else the one idle longest, so that a
+        new one can be served; False when every connection (but the workers' relays) has a call open."""
+        victim: Http2Connection | None = None
+        while self._unsettled and victim is None:
+            oldest = next(iter(self._unsettled))
+            del self._unsettled[oldest]
+            if not oldest.settled and not oldest.closed:
+                victim = oldest
+        if victim is None:
+            since = float("inf")
+            for connection, peer in self._peers.items():
+                idle = connection.idle_since()
+                if idle is not None and idle < since and not peer.startswith("unix:"):
+                    victim, since = connection, idle
+        if victim is None:
+            return False
+        log.debug("gRPC connection of %s closed to admit a new one at the connection limit", self._peers[victim])
+        self._peers.pop(victim, None)
+        victim.evict()
+        return True
 
     def _stream(self, stream: Stream, headers: list[tuple[bytes, bytes]]) -> StreamHandler | None:
         path = verb = kind = timeout = encoding = None

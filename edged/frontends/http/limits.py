@@ -5,7 +5,12 @@ byte every few seconds, keeps its connection (and a file descriptor) forever, an
 and the models' own files alike. ``LimitedHttpProtocol`` is uvicorn's httptools protocol with these bounds added,
 for the HTTP and the metrics endpoints:
 
-- at most ``max_connections`` open at once: one more is answered ``503`` and closed at once;
+- at most ``max_connections`` open at once. One more takes the place of another (``_make_room``): the oldest
+  connection that has not yet sent a whole request head, else the one idle longest between requests, is closed
+  without an answer (none is owed), so that a slow-loris at the limit costs its sender, not the device's clients,
+  and a client that finished its requests loses its kept-alive connection before a new one is refused. Only when
+  every connection is amid a request (its body being read, or its answer worked out) is the new one answered
+  ``503`` and closed at once;
 - a request's headers (and, on a new connection, the start of the first request) must arrive within
   ``header_timeout_s``;
 - a request's body must keep arriving: at least ``min_body_rate`` bytes per second over every window of
@@ -20,8 +25,10 @@ A timed-out request gets ``408``. Refusals close the connection: the answer goes
 and what the client still sends is read and dropped for a moment (``LINGER_S``), so the client reads the answer
 instead of a reset.
 
-Cost on the hot path: a float stored per stage of a request; the one timer per connection is moved only when it
-fires (at most once per timeout), never re-armed per request.
+Cost on the hot path: a float stored per stage of a request, and a dict lookup per request head; the one timer per
+connection is moved only when it fires (at most once per timeout), never re-armed per request. Choosing a connection
+to close at the limit takes the first of an ordered dict, or, when every connection has sent a request, one pass over
+the connections.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -47,14 +54,17 @@ LINGER_S = 2.0
 REFUSAL_LOG_INTERVAL_S = 10.0
 
 _Stage = Literal["request", "headers", "body"]
+# The key of _REFUSALS for a connection closed to make room for a new one: no status, it is closed unanswered.
+_EVICTED: Final = "evicted"
 # The upload routes' paths, as the parser gives them (a query may follow): the API's, and the console's.
 _UPLOAD_PATH = re.compile(rb"(?:/v2/edged)?/models/[^/?]+/upload(?:\?.*)?")
 # How the log's summary names each refusal, and the ``reason`` label of its counter.
-_REFUSALS = {
+_REFUSALS: dict[int | str, tuple[str, str]] = {
     503: ("over the connection limit (503)", "connection_limit"),
     408: ("too slow to send a request (408)", "timeout"),
     413: ("declaring a body over the limit (413)", "body_too_large"),
     400: ("sending a body in too many chunks (400)", "too_many_chunks"),
+    _EVICTED: ("idle or yet to send a whole request, for a newer connection at the limit", "evicted"),
 }
 
 
@@ -63,7 +73,8 @@ def refusal_counter(registry: CollectorRegistry) -> Counter:
     return Counter(
         "edged_http_refused_connections",
         "HTTP connections answered with a refusal and closed, by endpoint and reason (connection_limit, timeout, "
-        "body_too_large, too_many_chunks)",
+        "body_too_large, too_many_chunks; evicted: closed unanswered, idle or yet to send a whole request, to admit "
+        "a new connection at the limit)",
         ["endpoint", "reason"],
         registry=registry,
     )
@@ -91,7 +102,7 @@ class _Refusals:
         self.logged_at: dict[str, float] = {}
         self._counter = counter
 
-    def add(self, status: int, client: Any) -> None:
+    def add(self, status: int | str, client: Any) -> None:
         why, reason = _REFUSALS[status]
         if self._counter is not None:
             self._counter.labels(self.endpoint, reason).inc()
@@ -109,6 +120,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits]
     refusals: ClassVar[_Refusals]
+    # The endpoint's connections that have not sent a whole request head yet, oldest first: the first to go when a
+    # new connection finds the endpoint at its limit.
+    fresh: ClassVar[dict[LimitedHttpProtocol, None]]
 
     @classmethod
     def limited(
@@ -116,7 +130,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     ) -> type[LimitedHttpProtocol]:
         """A subclass bound to ``limits`` (and to ``extra`` class attributes), one per endpoint; ``refused``
         counts its refusals (refusal_counter)."""
-        attributes = {"limits": limits, "refusals": _Refusals(endpoint, refused), **extra}
+        attributes = {"limits": limits, "refusals": _Refusals(endpoint, refused), "fresh": {}, **extra}
         return type(cls.__name__, (cls,), attributes)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -129,6 +143,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._chunks = 0  # chunk headers of the current request's body
         self._refused = False
         self._extensions: dict[str, Any] | None = None
+        # When the last answer was complete with no request behind it; None while a request is read or answered.
+        self._idle_since: float | None = None
 
     # --- the connection --------------------------------------------------------------------------------------
 
@@ -137,9 +153,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # A TLS connection's peer is known once, after its handshake; each request's scope carries it.
         tls = asgi_tls_extension(transport)
         self._extensions = {"tls": tls} if tls is not None else None
-        if len(self.connections) > self.limits.max_connections:
+        if len(self.connections) > self.limits.max_connections and not self._make_room():
             self._refuse(503, f"too many connections (at most {self.limits.max_connections})", linger=False)
             return
+        self.fresh[self] = None
         self._expect("request", self.limits.header_timeout_s)
 
     def shutdown(self) -> None:
@@ -151,7 +168,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._deadline = None
+        self.fresh.pop(self, None)
+        self._idle_since = self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -201,6 +219,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _admit(self, content_length: str | None) -> bool:
         """Once a request's headers are read (``content_length`` the header's value, if any): False when it was
         refused (and answered) for its declared size; otherwise its body's clock starts."""
+        self.fresh.pop(self, None)
+        self._idle_since = None
         if self._refused:
             return False
         self._chunks = 0
@@ -222,6 +242,46 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _request_read(self) -> None:
         """The whole request is in: no clock runs while it is answered (uvicorn's keep-alive timer follows)."""
         self._stage = self._deadline = None
+
+    def on_response_complete(self) -> None:
+        queued = bool(self.pipeline)
+        super().on_response_complete()
+        if not queued and not self._refused and not self.transport.is_closing():
+            self._idle_since = self.loop.time()
+
+    # --- the connection limit ----------------------------------------------------------------------------------
+
+    def _make_room(self) -> bool:
+        """This new connection finds the endpoint at its limit: close the connection whose loss costs the
+        endpoint's clients least, the oldest that has not sent a whole request head yet, else the one idle longest
+        between requests (its client owes nothing and is owed nothing, and opens another when it needs one). False
+        when every other connection is amid a request: then this one is refused instead."""
+        victim = next(iter(self.fresh), None)
+        if victim is None:
+            since = float("inf")
+            for connection in self.connections:
+                if (
+                    isinstance(connection, LimitedHttpProtocol)
+                    and connection._idle_since is not None
+                    and connection._idle_since < since
+                    and not connection.transport.is_closing()
+                ):
+                    victim, since = connection, connection._idle_since
+        if victim is None:
+            return False
+        victim._evict()
+        return True
+
+    def _evict(self) -> None:
+        """Closed, unanswered, for a new connection: counted out of the limit at once, and aborted, so that its
+        file descriptor goes now and not after a TLS goodbye the client may never send."""
+        self.fresh.pop(self, None)
+        self._refused = True
+        self._idle_since = self._stage = self._deadline = None
+        self.connections.discard(self)
+        self.refusals.add(_EVICTED, self.client)
+        log.debug("HTTP connection of %s closed to admit a new one at the connection limit", self.client)
+        self.transport.abort()
 
     # --- clocks ----------------------------------------------------------------------------------------------
 
@@ -261,7 +321,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         close the connection."""
         stage = self._stage
         self._refused = True
-        self._stage = self._deadline = None
+        self.fresh.pop(self, None)
+        self._idle_since = self._stage = self._deadline = None
         self.refusals.add(status, self.client)
         log.debug("HTTP %d to %s: %s", status, self.client, message)
         cycle = self.cycle
