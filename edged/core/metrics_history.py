@@ -4,10 +4,13 @@ fleets).
 
 Each ``sample`` reads every READY version's cumulative ModelStatistics, subtracts the previous reading and keeps,
 per model (its versions summed): request and error rates, mean queue and compute time, p50/p90/p99 of the end-to-end
-latency (from the statistics' latency buckets), the mean batch size and executions by batch size; and the device's
-CPU utilization, memory and GPUs, as a reader the daemon gives it sees them. Points live in fixed-size arrays (a ring
-of ``capacity`` points), so memory is bounded whatever the traffic. A version whose statistics are new (it was
-(re)loaded) or whose counters went down counts from zero: a reload never makes a negative rate.
+latency (from the statistics' latency buckets), the mean batch size and executions by batch size; the rate of
+errors answered for no served model (UnroutedErrors); and the device's CPU utilization, memory and GPUs, as a reader
+the daemon gives it sees them. Errors are every error a client was answered: Triton's failures and the refusals it
+does not count (ModelStatistics.refused: a missing input, a full queue ...), which count as requests too. Points
+live in fixed-size arrays (a ring of ``capacity`` points), so memory is bounded whatever the traffic. A version
+whose statistics are new (it was (re)loaded) or whose counters went down counts from zero: a reload never makes a
+negative rate.
 
 Sampled and read on the event loop only, like the statistics themselves; the clocks are injected for the tests.
 """
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.core.stats import LATENCY_BUCKETS, ModelStatistics, latency_bucket_bounds
+from edged.core.stats import LATENCY_BUCKETS, ModelStatistics, UnroutedErrors, latency_bucket_bounds
 
 # One point a second, ten minutes of them.
 SAMPLE_INTERVAL_S = 1.0
@@ -77,8 +80,8 @@ class _Reading:
     def of(cls, stats: ModelStatistics) -> _Reading:
         return cls(
             stats,
-            stats.success.count + stats.fail.count,
-            stats.fail.count,
+            stats.success.count + stats.fail.count + stats.refused,
+            stats.fail.count + stats.refused,
             stats.queue.count,
             stats.queue.ns,
             stats.compute_infer.count,
@@ -192,11 +195,13 @@ class MetricsHistory:
         self,
         statistics: Callable[[], list[ModelStatistics]],
         *,
+        unrouted: UnroutedErrors | None = None,
         capacity: int = HISTORY_POINTS,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``statistics``: every READY version's (ModelRepositoryManager.statistics of every model)."""
+        """``statistics``: every READY version's (ModelRepositoryManager.statistics of every model); ``unrouted``:
+        the errors answered for no served model (InferenceService.unrouted)."""
         if capacity < 1:
             raise ValueError("a metrics history holds at least one point")
         self.capacity = capacity
@@ -215,11 +220,15 @@ class MetricsHistory:
         self._gpus: dict[str, _GpuSeries] = {}
         self._readings: dict[tuple[str, int], _Reading] = {}
         self._last_tick: float | None = None
+        self._unrouted = unrouted if unrouted is not None else UnroutedErrors()
+        self._unrouted_seen = self._unrouted.count
+        self._unrouted_rate = array("f", [_NAN]) * capacity
 
     def prime(self) -> None:
         """Take the counters as they are now as the baseline, without a point: what was counted before the
         history started is no burst of its first second."""
         self._readings = {(s.name, s.version): _Reading.of(s) for s in self._statistics()}
+        self._unrouted_seen = self._unrouted.count
         self._last_tick = self._monotonic()
 
     def sample(self, device: DeviceSample | None = None) -> None:
@@ -234,7 +243,11 @@ class MetricsHistory:
         self._last_tick = tick
         slot = self._count % self.capacity
         self._times[slot] = now
-        self._sample_models(slot, elapsed if elapsed > 0 else SAMPLE_INTERVAL_S)
+        interval = elapsed if elapsed > 0 else SAMPLE_INTERVAL_S
+        self._sample_models(slot, interval)
+        unrouted = self._unrouted.count
+        self._unrouted_rate[slot] = (unrouted - self._unrouted_seen) / interval
+        self._unrouted_seen = unrouted
         self._sample_device(slot, device or DeviceSample())
         self._count += 1
 
@@ -312,7 +325,7 @@ class MetricsHistory:
 
     def nbytes(self) -> int:
         """The bytes of the arrays that hold the points (the bound on what the history keeps)."""
-        total = sum(a.itemsize * len(a) for a in (self._times, self._cpu, self._memory_used))
+        total = sum(a.itemsize * len(a) for a in (self._times, self._cpu, self._memory_used, self._unrouted_rate))
         total += sum(series.nbytes() for series in self._models.values())
         total += sum(8 * self.capacity * 2 for _ in self._gpus)
         return total
@@ -321,7 +334,8 @@ class MetricsHistory:
         """The points after ``since`` (the ``time`` of the last point a poll received; all of them when None, or
         when ``since`` is later than the newest point, as after the wall clock went back), of one model or of
         every model (``model`` None), JSON-ready: series are lists aligned with ``time``, null where there is no
-        value (no request in that second, or the model was not READY)."""
+        value (no request in that second, or the model was not READY). ``unknown_model_error_rate``, device-wide,
+        is in every reply."""
         oldest = max(self._first, self._count - self.capacity)
         points = range(oldest, self._count)
         if since is not None and points and since <= self._times[(self._count - 1) % self.capacity]:
@@ -361,6 +375,7 @@ class MetricsHistory:
             "time": slots.of(self._times),
             "last": self._times[(self._count - 1) % self.capacity] if self._count > self._first else None,
             "batch_size_buckets": list(BATCH_BUCKETS),
+            "unknown_model_error_rate": _floats(self._unrouted_rate, slots),
             "device": {
                 "cpu_utilization": _floats(self._cpu, slots),
                 "memory_used_bytes": _ints(self._memory_used, slots),

@@ -27,6 +27,7 @@ from edged.core.request.inference import (
 from edged.core.request.tensors import array_to_binary
 from edged.core.request.validation import raw_binary_input, validate_request
 from edged.core.shared_memory import SharedMemoryManager
+from edged.core.stats import UnroutedErrors
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class InferencePath(Protocol):
         self, request: InferRequest, handle: ModelHandle | None = None
     ) -> AsyncIterator[StreamResponse]: ...
 
+    def refused(self, model: ModelHandle | None) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class TensorMetadata:
@@ -126,11 +129,14 @@ class InferenceService:
         sync: SyncControl | None = None,
         history: MetricsHistory | None = None,
         uploads: ModelUploads | None = None,
+        unrouted: UnroutedErrors | None = None,
     ) -> None:
         """``controller``: model control, for the repository API (None: loads and unloads are refused); ``sync``:
         repository sync, when a repository is remote; ``history``: the last minutes of metrics, for live charts;
-        ``uploads``: model uploads (None: refused)."""
+        ``uploads``: model uploads (None: refused); ``unrouted``: where requests answered with an error for no
+        served model are counted (the history reads it)."""
         self.sync = sync
+        self.unrouted = unrouted if unrouted is not None else UnroutedErrors()
         self._history = history
         self.uploads = uploads
         self._manager = manager
@@ -284,23 +290,55 @@ class InferenceService:
     def raw_input(self, model: ModelHandle, raw: bytes | memoryview) -> InferInput:
         return raw_binary_input(self.model_signature(model), raw)
 
+    def refused(self, model: ModelHandle | None) -> None:
+        """A frontend answered an inference request with an error found outside ``infer`` (an undecodable or too
+        large body, a response it could not encode), or for no served model (None): counted for the metrics
+        history as the version's refusal, or device-wide. What ``infer`` and ``infer_stream`` raise they count
+        themselves, and the statistics extension and ``nv_*`` count neither (edged.core.stats)."""
+        record = None
+        if model is not None:
+            record = model._record
+            if record is None:  # a frontend worker's handle
+                try:
+                    record = self._manager.get_ready(model.name, model.version)
+                except EdgedError:
+                    record = None
+        self._count_refusal(record)
+
+    def _count_refusal(self, model: ModelVersion | None) -> None:
+        if model is not None and model.stats is not None:
+            model.stats.record_refusal()
+        else:
+            self.unrouted.count += 1
+
     async def infer(self, request: InferRequest, handle: ModelHandle | None = None) -> InferResponse:
-        return await self._infer(request, self._record(request, handle))
+        try:
+            model = self._record(request, handle)
+        except EdgedError:
+            self.unrouted.count += 1
+            raise
+        return await self._infer(request, model)
 
     async def _infer(self, request: InferRequest, model: ModelVersion) -> InferResponse:
-        if _is_decoupled(model):
-            raise EdgedError(
-                ErrorCode.UNSUPPORTED,
-                f"model '{model.name}' uses the decoupled transaction policy: it answers through a stream of "
-                "responses, which this call cannot return",
-            )
-        scheduler = self._scheduler_of(model)
-        held = self.shared_memory.bind_inputs(request)
+        # Every error that leaves here is counted once: by the scheduler (a failure, or a refusal it made) from
+        # the moment it has the request until the model succeeded, else here as the version's refusal.
+        scheduled = False
+        held = None
         try:
+            if _is_decoupled(model):
+                raise EdgedError(
+                    ErrorCode.UNSUPPORTED,
+                    f"model '{model.name}' uses the decoupled transaction policy: it answers through a stream of "
+                    "responses, which this call cannot return",
+                )
+            scheduler = self._scheduler_of(model)
+            held = self.shared_memory.bind_inputs(request)
             self._accept(model, request)
+            scheduled = True
             result = await scheduler.enqueue(request)
             if isinstance(result, EdgedError):
                 raise result
+            scheduled = False  # counted as a success: an error from here on is counted as a refusal
             if result is None:
                 raise EdgedError(ErrorCode.INTERNAL, f"model '{model.name}' returned no response")
             if request.outputs is not None:
@@ -310,6 +348,10 @@ class InferenceService:
                         request, result.outputs, lambda o: array_to_binary(o.data, o.datatype)
                     )
             return result
+        except Exception:
+            if not scheduled:
+                self._count_refusal(model)
+            raise
         finally:
             if held:
                 self.shared_memory.release(held)
@@ -321,19 +363,32 @@ class InferenceService:
         gives exactly one; a decoupled one zero or more, then possibly a final response with no data. Errors found
         before the model runs are raised; errors after come as responses. Leaving the iteration early cancels the
         request."""
-        model = self._record(request, handle)
+        try:
+            model = self._record(request, handle)
+        except EdgedError:
+            self.unrouted.count += 1
+            raise
         if not _is_decoupled(model):
             yield StreamResponse(await self._infer(request, model), final=True)
             return
-        scheduler = self._scheduler_of(model)
-        held = self.shared_memory.bind_inputs(request)
+        held = None
         stream = request.stream = ResponseStream()
         try:
-            self._accept(model, request)
+            try:
+                scheduler = self._scheduler_of(model)
+                held = self.shared_memory.bind_inputs(request)
+                self._accept(model, request)
+            except Exception:
+                self._count_refusal(model)
+                raise
             execution = asyncio.ensure_future(scheduler.enqueue(request))
             execution.add_done_callback(lambda done: _end_stream(stream, done))
+            erred = False
             while True:
                 item = await stream.get()
+                if item.error is not None and not erred:
+                    erred = True
+                    execution.add_done_callback(lambda done: self._stream_erred(model, done))
                 if item.response is not None and request.outputs is not None:
                     self._select_outputs(model, request, item.response, strict=False)
                 yield item
@@ -344,6 +399,14 @@ class InferenceService:
                 request.cancel()
             if held:
                 self.shared_memory.release(held)
+
+    def _stream_erred(self, model: ModelVersion, execution: asyncio.Future[InferResponse | EdgedError | None]) -> None:
+        """A decoupled request's stream carried an error: the scheduler counted it if the execution failed; if the
+        execution counts as a success (the model sent the error), it is counted here, once, as the version's
+        refusal."""
+        if execution.cancelled() or execution.exception() is not None or isinstance(execution.result(), EdgedError):
+            return
+        self._count_refusal(model)
 
     def _record(self, request: InferRequest | None, handle: ModelHandle | None) -> ModelVersion:
         """The version the request goes to: the frontend's handle, or (a call from a model or a frontend worker)

@@ -7,8 +7,12 @@ Semantics (Triton's): ``success``/``fail`` count requests and their end-to-end n
 three ``compute_*`` durations are per successful request; ``inference_count`` counts batch items;
 ``execution_count`` counts model executions; ``batch_stats`` is per execution, keyed by its batch size. Requests
 refused by validation are not counted, as in Triton. ``latency`` is edged's own: successful requests' end-to-end
-durations in fixed buckets, from which the metrics history takes each second's percentiles. Written and read on the
-event loop only.
+durations in fixed buckets, from which the metrics history takes each second's percentiles.
+
+``refused`` and ``UnroutedErrors`` are edged's own too, and never reach the statistics extension or ``nv_*``: the
+requests answered with an error that Triton's counters leave out (Triton 2.51, measured: a missing or unknown input,
+a wrong datatype or shape, an unknown model or version count nowhere), so that the metrics history, and the
+console's error figures from it, show every error a client saw. Written and read on the event loop only.
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ class ModelStatistics:
     failures: dict[FailureReason, int] = field(default_factory=dict)
     # Requests the scheduler holds that no instance has started yet (Triton's pending request count).
     pending: int = 0
+    # Requests answered with an error that neither ``success`` nor ``fail`` counts: refused before a scheduler
+    # queued them (a bad input, an undecodable body, a full queue, a sequence without its correlation ID), or
+    # failing after the model succeeded (a requested output missing, a response that cannot be encoded).
+    refused: int = 0
     # Successful requests by end-to-end duration (LATENCY_BUCKETS, cumulative).
     latency: list[int] = field(default_factory=lambda: [0] * LATENCY_BUCKETS, repr=False, compare=False)
     # Told of every successful request when the metrics keep per-request observations (latency summaries, the
@@ -137,3 +145,17 @@ class ModelStatistics:
         self.fail.add(request_ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1
         self.last_inference = time.time_ns() // 1_000_000
+
+    def record_refusal(self) -> None:
+        """A request answered with an error that success and fail do not count (see ``refused``). Triton's
+        ``last_inference`` stays: Triton does not move it for such a request either."""
+        self.refused += 1
+
+
+@dataclass(slots=True)
+class UnroutedErrors:
+    """Inference requests answered with an error before any model version took them: the model or version is
+    unknown or not ready. One device-wide count, as clients name models freely: a count per name asked for would
+    grow without bound."""
+
+    count: int = 0

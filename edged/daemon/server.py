@@ -43,6 +43,7 @@ from edged.core.repository.probation import ProbationLimits
 from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
+from edged.core.stats import UnroutedErrors
 from edged.daemon.console import console_part
 from edged.daemon.endpoints import (
     BoundSockets,
@@ -181,7 +182,9 @@ class Core:
             ),
         )
         shared_memory = SharedMemoryManager(allowed=settings.allow_client_shm)
-        history = MetricsHistory(lambda: manager.statistics("", -1))
+        # Errors answered for no served model: the service counts them, the history shows their rate.
+        unrouted = UnroutedErrors()
+        history = MetricsHistory(lambda: manager.statistics("", -1), unrouted=unrouted)
         service = InferenceService(
             manager,
             server_id=settings.server_id,
@@ -191,6 +194,7 @@ class Core:
             sync=sync,
             history=history,
             uploads=uploads,
+            unrouted=unrouted,
         )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)

@@ -29,6 +29,8 @@
       for (const [label, values] of Object.entries(m.latency_ms || {})) flat.set(`m:${name}:${label}`, values);
       (m.batch_executions || []).forEach((values, index) => flat.set(`m:${name}:b${index}`, values));
     }
+    // Errors answered for no served model: the device's only, drawn with the errors of all models.
+    flat.set("u:errors", reply.unknown_model_error_rate || []);
     const device = reply.device || {};
     flat.set("d:cpu", (device.cpu_utilization || []).map((v) => (v == null ? null : v * 100)));
     flat.set("d:memory", device.memory_used_bytes || []);
@@ -149,7 +151,15 @@
           }))
           .filter((s) => s.values.some((v) => v != null && v > 0)),
     },
-    errors: { format: perSecond, min: 0, series: () => perModel("error_rate", "errors") },
+    errors: {
+      format: perSecond,
+      min: 0,
+      series: () => {
+        const unknown = { label: "no such model", values: values("u:errors") };
+        const shown = !model && unknown.values.some((v) => v != null && v > 0);
+        return perModel("error_rate", "errors").concat(shown ? [unknown] : []);
+      },
+    },
     utilization: {
       format: percent,
       min: 0,

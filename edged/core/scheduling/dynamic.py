@@ -148,7 +148,9 @@ class DynamicBatcher:
             queue = self._queues[level] = _policy_queue(self._default_policy)
             self._queues = dict(sorted(self._queues.items()))
         if queue.max_size and len(queue) >= queue.max_size:
-            # Refused before it was queued: as in Triton, the statistics do not count it (a timeout does).
+            # Refused before it was queued: as in Triton, the statistics do not count it (a timeout does); the
+            # refusal is counted for the metrics history.
+            self._stats.record_refusal()
             return EdgedError(ErrorCode.UNAVAILABLE, f"{_log_prefix(request)}Exceeds maximum queue size")
         loop = asyncio.get_running_loop()
         entry = _Entry(

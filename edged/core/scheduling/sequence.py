@@ -231,6 +231,7 @@ class SequenceBatcher:
         key: CorrelationId | None = raw if isinstance(raw, int | str) and not isinstance(raw, bool) else None
         if key is None or key in (0, ""):
             if not self._iterative:
+                self._stats.record_refusal()  # refused unqueued, as the two below: counted for the history only
                 return EdgedError(
                     ErrorCode.INVALID_ARG,
                     f"inference request to model '{self._model}' must specify a non-zero or non-empty correlation ID",
@@ -239,6 +240,7 @@ class SequenceBatcher:
             request.parameters["sequence_id"] = key
             request.parameters["sequence_start"] = True
         if self._batching and request.batch_size != 1:
+            self._stats.record_refusal()
             return EdgedError(
                 ErrorCode.INVALID_ARG,
                 f"inference request to model '{self._model}' must specify batch-size 1 due to requirements of "
@@ -253,6 +255,7 @@ class SequenceBatcher:
                 self._release(sequence)  # a new START ends the sequence that had this id
             sequence = self._begin(key, now)
         elif sequence is None:
+            self._stats.record_refusal()
             return EdgedError(
                 ErrorCode.INVALID_ARG,
                 f"inference request for sequence {key} to model '{self._model}' must specify the START flag on "
@@ -319,6 +322,7 @@ class SequenceBatcher:
             self._stats.pending -= 1
             self._in_flight -= 1
             if not pending.future.done():
+                self._stats.record_refusal()  # it never ran, so neither success nor fail; its client sees an error
                 pending.future.set_result(
                     EdgedError(
                         ErrorCode.UNAVAILABLE,

@@ -28,6 +28,8 @@ class DeviceFigures:
     cpu_utilization: float | None  # 0..1
     memory_used_bytes: int | None
     memory_total_bytes: int | None
+    # Errors a second answered for no served model (an unknown model or version): counted for the device only.
+    unknown_model_error_rate: float = 0.0
 
 
 NO_TRAFFIC = ModelFigures(0.0, 0.0, None, None)
@@ -49,10 +51,12 @@ def model_figures(service: InferenceService, now: float | None = None) -> dict[s
 
 
 def device_figures(service: InferenceService, now: float | None = None) -> DeviceFigures:
-    device = _recent(service, now).get("device", {})
+    history = _recent(service, now)
+    device = history.get("device", {})
     cpu = _mean(device.get("cpu_utilization", []))
     memory = [v for v in device.get("memory_used_bytes", []) if v is not None]
-    return DeviceFigures(cpu, memory[-1] if memory else None, device.get("memory_total_bytes"))
+    unknown = _mean(history.get("unknown_model_error_rate", [])) or 0.0
+    return DeviceFigures(cpu, memory[-1] if memory else None, device.get("memory_total_bytes"), unknown)
 
 
 def _recent(service: InferenceService, now: float | None) -> dict[str, Any]:

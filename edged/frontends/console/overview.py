@@ -47,6 +47,7 @@ async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
     service = context.service
     models = service.model_summaries()
     figures = model_figures(service)
+    device = device_figures(service)
     events, _total = await service.model_history(None, 0, RECENT_EVENTS)
     states = Counter(model.state or "NOT LOADED" for model in models)
     return {
@@ -55,11 +56,13 @@ async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "uptime_s": time.time() - context.started_at,
         "control_mode": service.control_mode,
         "devices": _devices(service, models),
-        "device": device_figures(service),
+        "device": device,
         "models": models,
         "states": sorted(states.items()),
-        "request_rate": sum(f.request_rate for f in figures.values()),
-        "error_rate": sum(f.error_rate for f in figures.values()),
+        # Requests for no served model are traffic too, every one answered with an error.
+        "request_rate": sum(f.request_rate for f in figures.values()) + device.unknown_model_error_rate,
+        # Every error a client was answered: each model's, and those for no served model.
+        "error_rate": sum(f.error_rate for f in figures.values()) + device.unknown_model_error_rate,
         "busiest": sorted(figures.items(), key=lambda item: -item[1].request_rate)[:5],
         "sync": service.sync.status() if service.sync is not None else None,
         "events": events,

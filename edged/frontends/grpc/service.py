@@ -313,14 +313,24 @@ class InferenceServicer:
 
     async def _infer(self, request: Any, reply: Any, *, streaming: bool, model: ModelHandle | None = None) -> None:
         service = self._service
-        version = parse_version(request.model_version)
-        # Looked up before the request is decoded, as Triton does: an unknown model is reported as such.
-        if model is None:
-            model = service.find_model(request.model_name, version)
-        if not streaming and model.decoupled:
-            raise unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
-        response = await service.infer(decode_infer_request(request, version), model)
-        encode_infer_response(response, reply)
+        # Every error is counted for the metrics history: by the service when its infer raised it, else here.
+        running = False
+        try:
+            version = parse_version(request.model_version)
+            # Looked up before the request is decoded, as Triton does: an unknown model is reported as such.
+            if model is None:
+                model = service.find_model(request.model_name, version)
+            if not streaming and model.decoupled:
+                raise unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
+            decoded = decode_infer_request(request, version)
+            running = True
+            response = await service.infer(decoded, model)
+            running = False
+            encode_infer_response(response, reply)
+        except Exception:
+            if not running:
+                service.refused(model)
+            raise
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Call) -> AsyncIterator[Any]:
         abort_on_error = _grpc_error_mode(context)
@@ -392,8 +402,12 @@ class InferenceServicer:
 
     async def _stream_replies(self, request: Any, replies: _Replies) -> None:
         service = self._service
-        version = parse_version(request.model_version)
-        model = service.find_model(request.model_name, version)
+        try:
+            version = parse_version(request.model_version)
+            model = service.find_model(request.model_name, version)
+        except Exception:
+            service.refused(None)  # counted for the metrics history, as _infer counts its errors
+            raise
         if not model.decoupled:
             reply = pb.ModelStreamInferResponse()
             await self._infer(request, reply.infer_response, streaming=True, model=model)
@@ -403,7 +417,14 @@ class InferenceServicer:
             return
         flag = request.parameters.get(ENABLE_EMPTY_FINAL_RESPONSE)
         empty_final = flag is not None and flag.bool_param
-        items = service.infer_stream(decode_infer_request(request, version), model)
+        try:
+            decoded = decode_infer_request(request, version)
+        except Exception:
+            service.refused(model)
+            raise
+        # What infer_stream raises or streams the service counts. A backlog overflow cancels the request, which the
+        # statistics count as the model ends it: a cancelled failure, or a success if the model did not stop.
+        items = service.infer_stream(decoded, model)
         try:
             async for item in items:
                 if replies.backlog_full():

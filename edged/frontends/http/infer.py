@@ -83,7 +83,11 @@ async def answer_infer(
 
     The model is looked up before the body is read, so an unknown model is answered without reading a large body.
     ``read_body`` gives the body as sent (raising BodyTooLarge past the limit); ``run`` runs the inference.
+    Every error answered is counted for the metrics history: by the service when ``run`` raised it, else here
+    (``service.refused``).
     """
+    model: ModelHandle | None = None
+    running = False
     try:
         version = url_version(version_text)
         model = service.find_model(model_name, version)
@@ -101,17 +105,22 @@ async def answer_infer(
             request, binary_default = decode_infer_request(
                 model_name, version, body, header_length, options.max_json_depth
             )
+        running = True
         response = await run(request, model)
+        running = False
         if response is None:
             return None
         payload, json_length = encode_infer_response(response, request.outputs, binary_default)
     except EdgedError as exc:
+        _refused(service, model, running)
         return Reply(status_for(exc), error_body(exc.message))
     except BodyTooLarge as exc:
+        _refused(service, model, running)
         return Reply(413, error_body(str(exc)))
     except Exception:
         # A bug, not a bad request: logged with its traceback, answered without it.
         log.exception("unhandled error in POST %s", path)
+        _refused(service, model, running)
         return Reply(500, error_body("internal error"))
     reply = Reply(200, payload)
     if json_length is not None:
@@ -122,6 +131,13 @@ async def answer_infer(
         reply.body = _compress(payload, encoding)
         reply.headers.append((b"content-encoding", encoding.encode()))
     return reply
+
+
+def _refused(service: InferencePath, model: ModelHandle | None, running: bool) -> None:
+    """An error answered to an inference request: what ``run`` raised the service has counted (a client that
+    went away while its request ran gets no answer), anything else is counted here."""
+    if not running:
+        service.refused(model)
 
 
 class InferRoute:

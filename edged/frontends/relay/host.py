@@ -13,6 +13,9 @@ Calls a worker sends, by their first item (edged.frontends.relay.wire):
 - ``ready`` (n): the worker serves its ports;
 - ``count`` (0, counter, labels, amount): one of the daemon's counters (``counters``) goes up by what the worker
   counted (a refused connection, a refused request), so /metrics counts every process; never answered;
+- ``refused`` (0, name, version): the worker answered an inference request with an error of its own (a body it
+  could not decode; name None: no such model), which the daemon's service counts for its metrics history; never
+  answered;
 - ``http`` (n, scope) then ``body`` (n, message) as the client sends: an ASGI request the daemon's HTTP app
   answers with ``send`` (n, message) messages, then ``done``.
 
@@ -29,6 +32,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from edged.core.service import ModelHandle
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.relay.wire import FrameProtocol, Message, error_state, pack_response, unpack_request
 
@@ -148,6 +152,9 @@ class _Connection:
             counter = self._host.counters.get(message[2])
             if counter is not None:
                 counter.labels(*message[3]).inc(message[4])
+        elif kind == "refused":
+            name, version = message[2], message[3]
+            self._host._service.refused(ModelHandle(name, version, False, None) if name is not None else None)
         else:
             self._answer_now(number, kind, message)
 

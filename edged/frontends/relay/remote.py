@@ -183,6 +183,14 @@ class RemoteService:
     async def infer(self, request: InferRequest, handle: ModelHandle | None = None) -> InferResponse:
         return unpack_response(await self._relay.call("infer", pack_request(request)))
 
+    def refused(self, model: ModelHandle | None) -> None:
+        """An error this worker answered itself: the daemon counts it for its metrics history."""
+        with contextlib.suppress(EdgedError):  # the daemon is gone: nobody to count for
+            if model is None:
+                self._relay.send(("refused", 0, None, 0))
+            else:
+                self._relay.send(("refused", 0, model.name, model.version))
+
     async def infer_stream(
         self, request: InferRequest, handle: ModelHandle | None = None
     ) -> AsyncIterator[StreamResponse]:
