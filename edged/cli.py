@@ -176,8 +176,8 @@ def _add_upload_command(commands: Any) -> None:
         help="upload a model, or a new version of one, to a running edged (a .zip or .tar.gz archive)",
         description="Sends ARCHIVE to a running edged (POST /v2/edged/models/NAME/upload), which checks it and "
         "installs it as model NAME (a model folder: config.pbtxt and numbered version folders) or as the next "
-        "version of NAME (the files of one version). Guarded like the repository API: on the device itself "
-        "loopback is trusted by default; elsewhere pass an operator token.",
+        "version of NAME (the files of one version). An upload brings code the server runs, so it needs an "
+        "operator's token from every address, the device's own loopback too (make one with edged token create).",
     )
     upload.add_argument("archive", type=Path, help="a .zip or .tar.gz archive")
     upload.add_argument("--model", required=True, help="the model's name")

@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import json
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -248,6 +249,46 @@ def post_json(url: str, path: str, document: Any, headers: Mapping[str, str] | N
         json.dumps(document, separators=(",", ":")),
         {"Content-Type": "application/json", **(headers or {})},
     )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# credentials
+
+
+# The tokens api_token made, by the daemon's log file (one per daemon) and role.
+_TOKENS: dict[tuple[Path, str], str] = {}
+
+
+def state_dir_of(server: Server) -> Path:
+    """The daemon's state directory, however its flag was spelt."""
+    for flag, value in zip(server.args, [*server.args[1:], ""], strict=True):
+        if flag.startswith("--state-dir="):
+            return Path(flag.split("=", 1)[1])
+        if flag == "--state-dir":
+            return Path(value)
+    raise AssertionError("the daemon runs without a state directory: it keeps no API tokens")
+
+
+def api_token(server: Server, role: str = "operator") -> str:
+    """An API token of ``role`` for the running daemon, written into its state database as `edged token create`
+    writes it (one per daemon and role). Loopback is no credential for token management, uploads and loads with
+    overrides: tests on 127.0.0.1 send this."""
+    from edged.core.access import Role, new_token
+    from edged.state.store import StateStore
+
+    key = (server.log_file, role)
+    if key not in _TOKENS:
+        # A name of its own: a daemon restarted on the same state directory holds the earlier one's tokens too.
+        made = new_token(f"test-{role}-{secrets.token_hex(4)}", Role(role), None)
+        with StateStore.open(state_dir_of(server)) as store:
+            store.add_token(made.record)
+        _TOKENS[key] = made.secret
+    return _TOKENS[key]
+
+
+def bearer(token: str) -> dict[str, str]:
+    """The header (HTTP) or metadata (gRPC, tritonclient's headers=) that presents ``token``."""
+    return {"authorization": f"Bearer {token}"}  # lower case: gRPC metadata allows nothing else
 
 
 # ------------------------------------------------------------------------------------------------------------

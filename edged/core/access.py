@@ -11,9 +11,16 @@ order:
    role, or to be on the loopback interface (tools on the device itself) while loopback is trusted.
 3. Every other category is open: inference, health and metadata stay reachable for every Triton client.
 
+Loopback's trust stops short of what would make a local process more than a client: **token management** (it would
+hand out every category, to the network too) and **requests that bring code** (``check(..., code=True)``: a model
+upload, a load with a ``config`` or ``file:`` override, see ``load_brings_code``), whose files or settings the
+daemon would run as its own user. These need a credential from every address; the first token comes from
+``edged token create``, which needs the state directory's file permissions, not a socket.
+
 A token presented where none is needed is not checked (the hot inference path pays nothing); a token presented for
-a guarded category must be valid. Secrets are compared in constant time and never logged. Tokens live in the state
-database (``edged token``); a revoked token stops working within ``TOKEN_CACHE_S`` seconds.
+a guarded category must be valid, and the request is judged by it, on loopback too (a viewer's token there is a
+viewer). Secrets are compared in constant time and never logged. Tokens live in the state database
+(``edged token``); a revoked token stops working within ``TOKEN_CACHE_S`` seconds.
 """
 
 from __future__ import annotations
@@ -41,10 +48,15 @@ log = logging.getLogger("edged.access")
 # read where model changes are recorded. A context variable, because a load passes through the service, the control
 # and the manager, none of which has a reason to know about callers, and the history needs it only at the end.
 ACTOR: ContextVar[str | None] = ContextVar("edged_actor", default=None)
+# The door the request came through, when it is not the API's own ("console"): the history's source for the changes
+# it causes. The console calls the same service the API does, so only this tells its clicks from API calls.
+DOOR: ContextVar[str | None] = ContextVar("edged_door", default=None)
 
 TOKEN_PREFIX: Final = "edged_"
 # How long a looked-up token is trusted before the database is asked again.
 TOKEN_CACHE_S: Final = 2.0
+# Looked-up token ids kept at most: ids made up by clients must not grow the cache without bound.
+TOKEN_CACHE_MAX: Final = 4096
 
 
 class Category(enum.Enum):
@@ -60,7 +72,7 @@ class Category(enum.Enum):
     TRACE = "trace"
     LOGGING = "logging"
     METRICS = "metrics"
-    # edged's own: who may call what (API tokens). Always guarded, granted to the admin role only.
+    # edged's own: who may call what (API tokens). Always guarded, granted to the admin role only, never to loopback.
     TOKENS = "tokens"
 
 
@@ -313,7 +325,7 @@ class TokenVerifier:
         assert self.store is not None
         record = self.store.find_token(token_id)
         with self._lock:
-            if len(self._cache) > 4096:  # ids made up by clients must not grow it without bound
+            if len(self._cache) > TOKEN_CACHE_MAX:
                 self._cache.clear()
             self._cache[token_id] = _Cached(record, now + TOKEN_CACHE_S)
         return record
@@ -359,9 +371,11 @@ class AccessPolicy:
         """Whether every caller may use ``category`` over ``wire`` (nothing to check, nothing to record)."""
         return category not in self._restricted[wire] and not self._guarded(category)
 
-    def check(self, category: Category, caller: Caller) -> str:
+    def check(self, category: Category, caller: Caller, *, code: bool = False) -> str:
+        """``code``: the request brings code or settings the daemon would run (an upload, a load with overrides):
+        loopback's trust does not reach it."""
         try:
-            return self._check(category, caller)
+            return self._check(category, caller, code)
         except AccessDenied as denied:
             log.warning(
                 "refused %s request (%s) from %s: %s",
@@ -374,7 +388,7 @@ class AccessPolicy:
                 self._on_refused(caller.wire, category, denied.refusal)
             raise
 
-    def _check(self, category: Category, caller: Caller) -> str:
+    def _check(self, category: Category, caller: Caller, code: bool) -> str:
         group = self._restricted[caller.wire].get(category)
         if group is not None:
             presented = caller.headers.get(group.key)
@@ -396,7 +410,14 @@ class AccessPolicy:
         if caller.certificate is not None and role is not None:
             return self._granted(category, role, f"certificate:{caller.certificate}")
         if self._options.trust_loopback and is_loopback(caller.peer):
-            return "loopback"
+            if not code and category is not Category.TOKENS:
+                return "loopback"
+            what = "token management" if category is Category.TOKENS else "sending a model's files or config"
+            raise AccessDenied(
+                Refusal.UNAUTHENTICATED,
+                f"{what} needs an API token, from this machine too: send 'Authorization: Bearer <token>' (make the "
+                "first one with edged token create)",
+            )
         raise AccessDenied(
             Refusal.UNAUTHENTICATED,
             f"the {category.value} API needs an API token from this address: send 'Authorization: Bearer <token>' "
@@ -412,6 +433,15 @@ class AccessPolicy:
         if category not in GRANTS[role]:
             raise AccessDenied(Refusal.FORBIDDEN, f"the {role.value} role does not grant the {category.value} API")
         return actor
+
+
+def load_brings_code(parameters: Iterable[str]) -> bool:
+    """Whether a load request with these parameter names brings what the daemon would run: a ``config`` override
+    (it may name another backend, a Python environment to execute, paths to write to) or ``file:`` contents (a
+    model.py, a plan with its plugins, ...). Which settings of which backend run code is no list worth keeping: any
+    override counts. The names are those kserve.load_overrides reads; a load of the model as the repository holds
+    it brings nothing."""
+    return any(name == "config" or name.startswith("file:") for name in parameters)
 
 
 def restricted_by_category(groups: Iterable[RestrictedGroup]) -> dict[Category, RestrictedGroup]:

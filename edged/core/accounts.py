@@ -9,10 +9,15 @@ an API token of the same role may do the same things.
 - **Sessions**: a 256-bit random secret, given to the caller once (the console puts it in its cookie); only its
   SHA-256 is stored, as for API tokens: so random a secret needs no slow hash. A session ends after ``IDLE_S``
   without use, ``ABSOLUTE_S`` after login, at logout, and when its user's password changes or the user is disabled.
-- **Throttling**: failed logins count per user name and per client address; ``MAX_FAILURES`` within ``WINDOW_S``
-  refuse further tries for a delay that doubles with each further failure (``lockout_s``). An unknown user name
-  costs a password check too and gets the same answer as a wrong password, so neither the answer nor its timing
-  says which names exist; a disabled user also gets that answer (the audit entry says why).
+- **Throttling**: failed logins count per client address (``MAX_ADDRESS_FAILURES``, whatever names they tried),
+  per user name from that address (``MAX_FAILURES``) and per user name from anywhere (``MAX_NAME_FAILURES``); past
+  a limit within ``WINDOW_S``, tries are refused for a delay that doubles with each further failure
+  (``lockout_s``). The name-wide count holds back only addresses that have failed themselves: whoever sends wrong
+  passwords for a name from one place cannot keep its owner out from another. An IPv6 client counts by its /64 (one
+  host has a whole one to pick addresses from). The counts are rows of the state database, at most
+  ``MAX_FAILURE_ROWS`` (the oldest go first). An unknown user name costs a password check too and gets the same
+  answer as a wrong password, so neither the answer nor its timing says which names exist; a disabled user also
+  gets that answer (the audit entry says why).
 - **First run**: while no user exists, ``first_run_code()`` is a random code that edged writes to its log at start;
   ``setup_first_admin`` with it makes the first admin (once: the check that no user exists is inside the write).
 - **CSRF**: a session's token is an HMAC of its id under a key of its own, compared in constant time.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import string
 import threading
@@ -63,10 +69,18 @@ ABSOLUTE_S: Final = 12 * 3600
 # A session's last use is written at most this often: every write waits on fsync, and pages poll every few seconds.
 TOUCH_EVERY_S: Final = 60
 
+# Failed logins before a lockout: of one name from one address; of one address, whatever names it tried (people
+# behind one NAT address may each mistype, and a setup code counts here too); of one name from anywhere, which
+# holds back only addresses that have failed too.
 MAX_FAILURES: Final = 5
+MAX_ADDRESS_FAILURES: Final = 2 * MAX_FAILURES
+MAX_NAME_FAILURES: Final = MAX_FAILURES
 WINDOW_S: Final = 15 * 60
 LOCKOUT_BASE_S: Final = 60
 LOCKOUT_MAX_S: Final = 15 * 60
+# The failed-login table's bound (each failure is a row per count it adds to: three for a login), some 20 MB with its
+# index: a flood from many addresses pushes out the oldest rows instead of filling the disk.
+MAX_FAILURE_ROWS: Final = 100_000
 
 FIRST_RUN_CODE_S: Final = 60 * 60
 # Unambiguous when read from a log and typed: no 0/O, 1/I/L.
@@ -99,12 +113,12 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def lockout_s(failures: int) -> float:
-    """How long tries are refused after ``failures`` recent failures: none below MAX_FAILURES, then
-    LOCKOUT_BASE_S doubling with each further failure, up to LOCKOUT_MAX_S."""
-    if failures < MAX_FAILURES:
+def lockout_s(failures: int, limit: int = MAX_FAILURES) -> float:
+    """How long tries are refused after ``failures`` recent failures: none below ``limit``, then LOCKOUT_BASE_S
+    doubling with each further failure, up to LOCKOUT_MAX_S."""
+    if failures < limit:
         return 0.0
-    return float(min(LOCKOUT_BASE_S * 2 ** min(failures - MAX_FAILURES, 16), LOCKOUT_MAX_S))
+    return float(min(LOCKOUT_BASE_S * 2 ** min(failures - limit, 16), LOCKOUT_MAX_S))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +262,7 @@ class Accounts:
         """``name`` sets their own password, proving the old one first as a login does (a wrong one counts as a
         failed login, so an open session left behind cannot be used to guess it); AccountError says why not."""
         now = self.clock()
-        keys = _failure_keys(name, peer)
+        keys = _FailureKeys.of(name, peer)
         retry_after = self._retry_after(keys, now)
         if retry_after > 0:
             raise AccountError(f"too many failed tries: try again in {int(retry_after + 0.999)} s")
@@ -256,7 +270,7 @@ class Accounts:
         if user is None or user.disabled_at is not None:
             raise AccountError(f"no user named '{name}'")
         if len(old) > PASSWORD_MAX or not self._verify(user.password_hash, old):
-            self.store.add_login_failure(keys, now, now - timedelta(seconds=WINDOW_S))
+            self._failed(keys, now)
             raise AccountError("the current password is wrong")
         if old == new:
             raise AccountError("the new password is the current one")
@@ -267,7 +281,7 @@ class Accounts:
     def login(self, name: str, password: str, peer: str | None) -> NewSession | LoginRefused:
         """Checks a name and password from the client at ``peer``; a new session, or why not."""
         now = self.clock()
-        keys = _failure_keys(name, peer)
+        keys = _FailureKeys.of(name, peer)
         retry_after = self._retry_after(keys, now)
         if retry_after > 0:
             return self._throttled(name, peer, retry_after)
@@ -280,12 +294,13 @@ class Accounts:
         matches = len(password) <= PASSWORD_MAX and self._verify(stored_hash, password)
         if user is None or not matches or user.disabled_at is not None:
             detail = "unknown user" if user is None else "wrong password" if not matches else "user disabled"
-            self.store.add_login_failure(keys, now, now - timedelta(seconds=WINDOW_S))
+            self._failed(keys, now)
             return LoginRefused(
                 "invalid", _INVALID, 0.0, AuditEntry("anonymous", "login", name, "refused", detail, peer)
             )
-        # Only the name's failures: an attacker who knows one password must not reset an address's count with it.
-        self.store.clear_login_failures(keys[0])
+        # Only the name's counts: an attacker who knows one password must not reset an address's count with it.
+        for key in keys.of_name():
+            self.store.clear_login_failures(key)
         if self._needs_rehash(user.password_hash):
             self.store.rehash_password(name, user.password_hash, self._hash(password))
         return self._open_session(user.name, Role(user.role), peer, now, "login")
@@ -334,7 +349,7 @@ class Accounts:
         now = self.clock()
         # By address only: the code has about 79 bits, and a count of its own would let anyone lock the
         # technician out of the setup by sending wrong codes.
-        keys = _failure_keys(None, peer)
+        keys = _FailureKeys.of(None, peer)
         retry_after = self._retry_after(keys, now)
         if retry_after > 0:
             return self._throttled(name, peer, retry_after, action="setup")
@@ -346,7 +361,7 @@ class Accounts:
                 and hmac.compare_digest(current.digest, _code_digest(code))
             )
         if not valid:
-            self.store.add_login_failure(keys, now, now - timedelta(seconds=WINDOW_S))
+            self._failed(keys, now)
             detail = "expired setup code" if current is not None and current.expires_at <= now else "wrong setup code"
             audit = AuditEntry("setup-code", "setup", name, "refused", detail, peer)
             return LoginRefused("invalid", "the setup code is wrong or has expired", 0.0, audit)
@@ -390,15 +405,24 @@ class Accounts:
         audit = AuditEntry(f"user:{name}" if action == "login" else "setup-code", action, name, "done", "", peer)
         return NewSession(secret, _session(record, role), audit)
 
-    def _retry_after(self, keys: list[str], now: datetime) -> float:
+    def _retry_after(self, keys: _FailureKeys, now: datetime) -> float:
+        """Seconds until a try from these keys is taken again (0: now)."""
         since = now - timedelta(seconds=WINDOW_S)
+        address = self.store.login_failures(keys.address, since)
+        counts = [(address, MAX_ADDRESS_FAILURES)]
+        if keys.pair is not None and keys.name is not None:
+            counts.append((self.store.login_failures(keys.pair, since), MAX_FAILURES))
+            if address:  # the name-wide count holds back only an address that has failed itself
+                counts.append((self.store.login_failures(keys.name, since), MAX_NAME_FAILURES))
         longest = 0.0
-        for key in keys:
-            failures = self.store.login_failures(key, since)
+        for failures, limit in counts:
             if failures:
-                until = failures[-1] + timedelta(seconds=lockout_s(len(failures)))
+                until = failures[-1] + timedelta(seconds=lockout_s(len(failures), limit))
                 longest = max(longest, (until - now).total_seconds())
         return longest
+
+    def _failed(self, keys: _FailureKeys, now: datetime) -> None:
+        self.store.add_login_failure(keys.all(), now, now - timedelta(seconds=WINDOW_S), MAX_FAILURE_ROWS)
 
     @staticmethod
     def _throttled(
@@ -446,10 +470,44 @@ def _session(record: SessionRecord, role: Role) -> Session:
     )
 
 
-def _failure_keys(name: str | None, peer: str | None) -> list[str]:
-    """The name's key first (cleared by a successful login), the address's last."""
-    address = f"address:{peer or 'unknown'}"
-    return [address] if name is None else [f"user:{name[: NAME_MAX * 4]}", address]
+@dataclass(frozen=True, slots=True)
+class _FailureKeys:
+    """What a failed login counts against: its address, and when a name was tried, that name from that address
+    (``pair``) and that name from anywhere (``name``)."""
+
+    address: str
+    pair: str | None
+    name: str | None
+
+    @classmethod
+    def of(cls, name: str | None, peer: str | None) -> _FailureKeys:
+        client = _client(peer)
+        if name is None:
+            return cls(f"address:{client}", None, None)
+        tried = name[: NAME_MAX * 4]
+        # An address holds no space, so the pair's key reads one way only.
+        return cls(f"address:{client}", f"pair:{client} {tried}", f"user:{tried}")
+
+    def of_name(self) -> list[str]:
+        return [key for key in (self.pair, self.name) if key is not None]
+
+    def all(self) -> list[str]:
+        return [self.address, *self.of_name()]
+
+
+def _client(peer: str | None) -> str:
+    """Whom an address's failures count against: the address, or an IPv6 address's /64."""
+    if not peer:
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(peer)
+    except ValueError:
+        return peer[:64]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def _digest(secret: str) -> str:

@@ -23,13 +23,24 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
 
 from edged.core.repository.control import Origin
-from edged.state.audit import AuditRecord, Event, EventKey
+from edged.state.audit import DAEMON, AuditRecord, Event, EventKey
 
 if TYPE_CHECKING:
     from edged.core.accounts import AuditEntry
     from edged.state.store import StateStore
 
-__all__ = ["CSV_HEADER", "SOURCES", "AuditLog", "Event", "Source", "csv_cell", "csv_rows", "write_csv"]
+__all__ = [
+    "CSV_HEADER",
+    "DAEMON",
+    "SOURCES",
+    "AuditLog",
+    "Event",
+    "Source",
+    "actor_of",
+    "csv_cell",
+    "csv_rows",
+    "write_csv",
+]
 
 log = logging.getLogger("edged.core.audit")
 
@@ -100,7 +111,7 @@ class AuditLog:
     ) -> tuple[list[Event], int]:
         """A page of every event (model transitions and account actions), newest first, and how many match in
         all. ``model``: a model's name (or an action's target); ``actor``: a user's name, or an actor as stored
-        ("token:ci", "cli"); ``source``: startup, poll, api, upload, sync, console, cli."""
+        ("token:ci", "cli"), or DAEMON; ``source``: one of SOURCES."""
         if self._store is None:
             if offset < 0 or limit < 1:
                 raise ValueError(f"history needs offset >= 0 and limit >= 1, got offset {offset} and limit {limit}")
@@ -141,6 +152,12 @@ class AuditLog:
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
 
+def actor_of(actor: str | None) -> str:
+    """Who did it, spelled as stored and everywhere alike ("user:ada", "token:ci", "cli"): edged's own changes,
+    stored without an actor, are DAEMON's."""
+    return DAEMON if actor is None else actor
+
+
 def csv_cell(value: object) -> str:
     """One cell's text: None empty, times in ISO 8601 UTC, and text a spreadsheet would run as a formula
     defused with a leading apostrophe."""
@@ -163,7 +180,7 @@ def csv_rows(events: Iterable[Event], *, header: bool = True) -> Iterator[list[s
                 event.at,
                 event.kind,
                 event.source,
-                event.actor,
+                actor_of(event.actor),
                 event.action,
                 event.target,
                 event.version,

@@ -230,6 +230,12 @@ class InferenceService:
         """Serve again the versions that served before the model's last change of served versions."""
         return await self._control().versions.rollback(name)
 
+    async def rollback_versions(self, name: str) -> list[int]:
+        """The versions a rollback of the model would serve (empty: nothing to roll back to)."""
+        if self._controller is None:
+            return []
+        return await self._controller.versions.previous(name)
+
     async def model_history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         """What happened to a model (every model when ``name`` is None), newest first, and how many events in all."""
         # SQLite's integers are 64-bit: an offset past them is no page of anything.

@@ -1,16 +1,18 @@
-"""Request bodies that the HTTP doors (the API and the console) stream to disk or refuse: the size limits, and model
-archives (their content types, their kind from their first bytes, written to a file within a limit)."""
+"""Request bodies that the HTTP doors (the API and the console) stream to disk or refuse: the size limits, model
+archives (their content types, their kind from their first bytes, written to a file within a limit), and the fields
+of edged's management requests (tokens, sync control, versions), refused when unknown."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from edged.core.names import printable
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Collection, Iterable, Mapping
     from pathlib import Path
 
     from litestar import Request
@@ -33,6 +35,9 @@ ARCHIVE_TYPES = frozenset(
 _BOOLEANS = {"true": True, "1": True, "on": True, "yes": True, "false": False, "0": False, "off": False, "no": False}
 # Written to disk in pieces this large, in a worker thread, so the event loop never waits for the disk.
 _WRITE_SIZE = 1024 * 1024
+# Unknown fields a refusal names at most, each cut to this many characters: the answer stays short.
+_UNKNOWN_NAMED: Final = 10
+_NAME_SHOWN: Final = 64
 
 
 class BodyTooLarge(Exception):
@@ -98,3 +103,44 @@ def archive_kind(path: Path) -> ArchiveKind:
     if head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")) or head[257:262] == b"ustar":
         return "tar"
     raise EdgedError(ErrorCode.INVALID_ARG, "the body is not a zip or tar archive (gzip, bzip2 or xz compressed)")
+
+
+def management_fields(body: bytes, what: str, known: Collection[str], max_depth: int) -> dict[str, Any]:
+    """The fields of a management request (edged's own API, not Triton's): an empty body is none, anything else a
+    JSON object of ``known`` fields. INVALID_ARG (400) for any other body, and naming every unknown field: a field
+    misspelt or not supported, dropped silently, would do something else than asked (a token meant to expire that
+    never does)."""
+    # Here, not at the top: the HTTP package (its infer route) imports this module.
+    from edged.frontends.http.codec import decode_json
+
+    if not body.strip():
+        return {}
+    try:
+        document = decode_json(body, max_depth)
+    except EdgedError as error:  # the codec's INTERNAL is Triton's answer for inference; here it is the client's
+        raise EdgedError(ErrorCode.INVALID_ARG, error.message) from None
+    if not isinstance(document, dict):
+        raise EdgedError(ErrorCode.INVALID_ARG, f"the {what} request body must be a JSON object")
+    problem = unknown_fields(document, f"{what} request", known)
+    if problem is not None:
+        raise EdgedError(ErrorCode.INVALID_ARG, problem)
+    return document
+
+
+def unknown_fields(names: Iterable[str], what: str, known: Collection[str]) -> str | None:
+    """What is wrong with a management request (or console form) that holds fields among ``names`` other than
+    ``known``, each named; None when there are none."""
+    unknown = sorted({str(name) for name in names} - set(known))
+    if not unknown:
+        return None
+    named = ", ".join(f"'{printable(name, _NAME_SHOWN)}'" for name in unknown[:_UNKNOWN_NAMED])
+    more = f" and {len(unknown) - _UNKNOWN_NAMED} more" if len(unknown) > _UNKNOWN_NAMED else ""
+    fields = "field" if len(unknown) == 1 else "fields"
+    expected = f"known: {', '.join(known)}" if known else "it takes none"
+    return f"unknown {fields} {named}{more} in the {what} ({expected})"
+
+
+async def no_fields(request: Request[Any, Any, Any], what: str) -> None:
+    """An API management request that takes no fields (sync control, a version's activation): its body is empty or
+    ``{}``, within the API's JSON depth; 400 naming any field."""
+    management_fields(await request.body(), what, (), request.app.state.options.max_json_depth)

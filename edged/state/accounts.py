@@ -197,12 +197,17 @@ class AccountRecords(Records):
             )
             return revoked.rowcount > 0
 
-    def add_login_failure(self, keys: list[str], at: datetime, keep_since: datetime) -> None:
-        """Records a failed login under each key, dropping the keys' failures older than ``keep_since``."""
+    def add_login_failure(self, keys: list[str], at: datetime, keep_since: datetime, max_rows: int) -> None:
+        """Records a failed login under each key, dropping every failure older than ``keep_since`` and then, past
+        ``max_rows`` rows, the oldest: the table is bounded whatever clients send."""
         with self._transaction(write=True) as connection:
-            connection.execute(delete(_FAILURES).where(_FAILURES.c.key.in_(keys), _FAILURES.c.at < keep_since))
+            connection.execute(delete(_FAILURES).where(_FAILURES.c.at < keep_since))
             if keys:  # an executemany of no rows is an error
                 connection.execute(insert(_FAILURES), [{"key": key, "at": at} for key in keys])
+            surplus = (connection.scalar(select(func.count()).select_from(_FAILURES)) or 0) - max_rows
+            if surplus > 0:
+                oldest = select(_FAILURES.c.id).order_by(_FAILURES.c.id).limit(surplus)
+                connection.execute(delete(_FAILURES).where(_FAILURES.c.id.in_(oldest)))
 
     def login_failures(self, key: str, since: datetime) -> list[datetime]:
         """The times of ``key``'s failed logins since ``since``, oldest first."""

@@ -25,6 +25,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
+    or_,
     select,
     tuple_,
     union_all,
@@ -45,6 +46,9 @@ _PRUNE_EVERY: Final = 256
 # indexes and merges them (a page costs its own rows, not a sort of the whole history).
 _TRANSITION: Final = 0
 _AUDIT: Final = 1
+# How the history names edged itself, the actor of its own changes (start-up, poll, sync, a probation's verdict),
+# which are stored without one (NULL): shown so, exported so, and found so by the actor filter.
+DAEMON: Final = "edged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +56,7 @@ class AuditRecord:
     """An account action as stored (``id`` 0 before it is stored)."""
 
     at: datetime  # tz-aware, UTC
-    actor: str  # "user:<name>", "anonymous", "setup-code", "cli", "token:<name>", ...
+    actor: str  # "user:<name>", "anonymous", "setup-code", "cli", "token:<name>", ... (one spelling everywhere)
     action: str  # login, logout, setup, user-create, user-disable, password-set, ...
     target: str  # what it was done to: a user name, a model name
     outcome: Literal["done", "refused"]
@@ -83,7 +87,7 @@ class Event:
     kind: Literal["transition", "audit"]
     id: int  # unique within its kind
     at: datetime  # tz-aware, UTC
-    source: str  # transitions: startup, poll, api, upload, sync; account actions: console, api, cli
+    source: str  # transitions: startup, poll, api, upload, sync, probation, console; account actions: console, api, cli
     actor: str | None  # None for the daemon's own transitions
     action: str
     target: str
@@ -144,7 +148,8 @@ class AuditRecords(Records):
 
         ``model``: a transition's model, or an account action's target. ``actor``: a plain name matches the user
         of that name ("user:<name>") and an actor of exactly that name ("cli"); a name with a colon
-        ("token:ci", "user:alice") matches only itself. ``source``: exactly. ``after``: only events older than
+        ("token:ci", "user:alice") matches only itself; DAEMON ("edged") also matches edged's own transitions
+        (stored without an actor). ``source``: exactly. ``after``: only events older than
         that one (a cursor for reading all of it, as an export does; ``offset`` counts from there). The total
         ignores ``after``.
         """
@@ -159,7 +164,8 @@ class AuditRecords(Records):
             in_transitions.append(transitions.c.model_id == model_id)
             in_audits.append(audit_events.c.target == model)
         if actors is not None:
-            in_transitions.append(transitions.c.actor.in_(actors))
+            by_actor = transitions.c.actor.in_(actors)
+            in_transitions.append(or_(by_actor, transitions.c.actor.is_(None)) if actor == DAEMON else by_actor)
             in_audits.append(audit_events.c.actor.in_(actors))
         if source is not None:
             in_transitions.append(transitions.c.source == source)

@@ -90,7 +90,7 @@ class HistoryEvent:
     version: int | None
     state: str  # Triton's model states: READY, UNAVAILABLE, LOADING, UNLOADING, and UNLOADED once gone
     previous: str | None  # the state before, for the same model and version; None for the first one
-    source: str  # what caused it: startup, poll, api, upload or sync
+    source: str  # what caused it: startup, poll, api, upload, sync, probation, or console (a console user's request)
     reason: str
     at: datetime  # tz-aware, UTC
     duration_s: float | None

@@ -316,8 +316,9 @@ def test_tokens_are_stored_as_hashes_and_listed_without_secrets(state_dir: Path,
 def test_an_admin_manages_tokens_over_http(guarded: Server, outside_address: str, tokens: dict[str, str]) -> None:
     remote = f"{outside_address}:{guarded.http_port}"
     admin, operator = _bearer(tokens["root"]), _bearer(tokens["ci-bot"])
-    # Only an admin's token, from another address (loopback is trusted, as for the other guarded APIs).
+    # Only an admin's token, from any address: loopback is no credential for token management.
     assert request(remote, "GET", "/v2/edged/tokens").status == 401
+    assert request(guarded.http_url, "GET", "/v2/edged/tokens").status == 401
     reply = request(remote, "GET", "/v2/edged/tokens", headers=operator)
     assert (reply.status, reply.json()) == (403, {"error": "the operator role does not grant the tokens API"})
     made = post_json(remote, "/v2/edged/tokens", {"name": "camera-3", "role": "operator", "expires_in_s": 3600}, admin)
@@ -338,6 +339,15 @@ def test_an_admin_manages_tokens_over_http(guarded: Server, outside_address: str
         {"name": "x", "role": "viewer", "expires_in_s": 2**90},  # a lifetime no date holds: 400, not a crash
     ):
         assert post_json(remote, "/v2/edged/tokens", bad, admin).status == 400, bad
+    # A field the API does not know is refused by name, never dropped: this token would never have expired.
+    misspelt = post_json(remote, "/v2/edged/tokens", {"name": "t", "role": "viewer", "expires": "1d"}, admin)
+    assert (misspelt.status, misspelt.json()) == (
+        400,
+        {"error": "unknown field 'expires' in the token request (known: name, role, expires_in_s)"},
+    )
+    assert "t" not in {
+        token["name"] for token in request(remote, "GET", "/v2/edged/tokens", headers=admin).json()["tokens"]
+    }
     # Revoked through the API: refused by this daemon at once.
     assert request(remote, "DELETE", "/v2/edged/tokens/camera-3", headers=admin).status == 200
     assert request(remote, "POST", "/v2/repository/index", "{}", _bearer(secret)).status == 401

@@ -95,8 +95,10 @@ from server import (
     Reply,
     Server,
     add_sub_inputs,
+    api_token,
     assert_grpc_still_serving,
     assert_still_serving,
+    bearer,
     post_json,
     request,
     run_server,
@@ -307,6 +309,7 @@ class TestLoadFiles:
             site.server.http_url,
             "/v2/repository/models/scratch/load",
             {"parameters": {"config": config, "file:1/model.onnx": content}},
+            bearer(api_token(site.server)),  # overrides need a credential, from loopback too
         )
         _expect(reply, 400, "'file:1/model.onnx' is not valid base64")
 
@@ -670,7 +673,8 @@ def _provoked_errors(site: Site, stub: Any) -> list[str]:
         ("/v2/repository/models/scratch/load", {"parameters": {"config": "{}", "file:../x": "QUFB"}}),
         ("/v2/systemsharedmemory/region/r/register", {"key": "/edged-x", "offset": 0, "byte_size": 8}),
     ]:
-        reply = post_json(url, path, body)
+        # A credential, so that the loads with overrides reach the errors they are sent for.
+        reply = post_json(url, path, body, bearer(api_token(site.server)))
         assert reply.status >= 400, (path, reply)
         messages.append(reply.error())
     raw = _raw_grpc_request("raiser", [1], "FP32", bytes(4), name="IN")
@@ -715,19 +719,19 @@ class TestConfigPathFields:
         config = client.get_model_config("identity_fp32")
         config["output"][0]["label_filename"] = label
         with pytest.raises(InferenceServerException) as caught:
-            client.load_model("identity_fp32", config=json.dumps(config))
+            client.load_model("identity_fp32", config=json.dumps(config), headers=bearer(api_token(site.server)))
         assert caught.value.status() == "400"
         assert "must name a file in the model folder" in str(caught.value.message())
         assert "root:" not in str(caught.value.message())
 
     @pytest.mark.parametrize("filename", ["../../../etc/passwd", "/etc/passwd", "../1/model.onnx"])
     def test_a_model_file_outside_the_version_is_refused(
-        self, client: httpclient.InferenceServerClient, filename: str
+        self, site: Site, client: httpclient.InferenceServerClient, filename: str
     ) -> None:
         config = client.get_model_config("identity_fp32")
         config["default_model_filename"] = filename
         with pytest.raises(InferenceServerException) as caught:
-            client.load_model("identity_fp32", config=json.dumps(config))
+            client.load_model("identity_fp32", config=json.dumps(config), headers=bearer(api_token(site.server)))
         assert caught.value.status() == "400"
         assert "must name a file inside the version folder" in str(caught.value.message())
 

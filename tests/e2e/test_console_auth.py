@@ -23,6 +23,8 @@ from console_session import PASSWORD, HttpSession, browser_login, console_server
 from playwright.sync_api import Browser, Page, expect
 from server import REPO_ROOT, Server, run_server
 
+from edged.core.accounts import MAX_ADDRESS_FAILURES, MAX_FAILURES
+
 pytest_plugins = ("console_fixtures",)
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -39,6 +41,18 @@ def _form(
     port: int, path: str, fields: dict[str, str], headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], str]:
     return raw(port, "POST", path, urlencode(fields).encode(), {**FORM, **(headers or {})})
+
+
+def _form_from(address: str, port: int, path: str, fields: dict[str, str]) -> int:
+    """A form posted from another loopback address (all of 127.0.0.0/8 is this machine): another client's."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(address, 0))
+    try:
+        connection.request("POST", path, body=urlencode(fields).encode(), headers=FORM)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
 
 
 # --- first run -----------------------------------------------------------------------------------------------
@@ -131,7 +145,7 @@ def test_a_logged_out_session_stops_working(console: Server) -> None:
 
 
 def test_wrong_passwords_are_throttled(bundled_repository: Path, tmp_path: Path, browser: Browser) -> None:
-    # A daemon of its own: throttling counts per address too, and every test connects from 127.0.0.1.
+    # A daemon of its own: throttling counts per address too, and the other tests connect from 127.0.0.1.
     with console_server([bundled_repository], tmp_path / "state") as console:
         _throttled(console, browser)
 
@@ -153,10 +167,15 @@ def _throttled(console: Server, browser: Browser) -> None:
         page.get_by_role("button", name="Log in").click()
         expect(page.get_by_role("alert")).to_be_visible()
         screenshot(page, "console-login-throttled")
-    # Another user is not locked out by otto's failures from the same address... until the address's count is
-    # reached as well: it was, so the address waits too.
+    # Whoever sent those cannot keep otto out: from another address, his password works at once.
+    assert _form_from("127.0.0.2", port, "/login", {"name": "otto", "password": PASSWORD}) == 303
+    # Nor another user from the same address, until the address's own count (across names) is reached too.
+    assert _form(port, "/login", {"name": "ada", "password": PASSWORD})[0] == 303
+    for attempt in range(MAX_ADDRESS_FAILURES - MAX_FAILURES):
+        assert _form(port, "/login", {"name": f"guess{attempt}", "password": "not the password at all"})[0] == 401
     status, _, _ = _form(port, "/login", {"name": "ada", "password": PASSWORD})
     assert status == 429
+    assert _form_from("127.0.0.3", port, "/login", {"name": "ada", "password": PASSWORD}) == 303
 
 
 def test_unknown_user_and_wrong_password_answer_alike(console: Server) -> None:
@@ -182,6 +201,18 @@ def test_a_post_without_the_csrf_token_is_refused(admin_session: HttpSession) ->
     assert status == 403
     # The session is still open: nothing was done.
     assert admin_session.request("GET", "/")[0] == 200
+
+
+def test_a_management_form_with_an_unknown_field_is_refused(admin_session: HttpSession) -> None:
+    # A script's misspelt field is named, never dropped: "expires" taken for nothing would make a token for ever.
+    form = {"csrf_token": admin_session.csrf_token, "name": "kiosk", "role": "viewer", "expires": "1"}
+    status, _, text = admin_session.request("POST", "/admin/tokens", form)
+    assert status == 400 and "unknown field &#39;expires&#39; in the token form" in text, text[:2000]
+    status, _, page = admin_session.request("GET", "/admin/tokens")
+    assert status == 200 and "kiosk" not in page
+    form = {"csrf_token": admin_session.csrf_token, "name": "eve", "role": "admin", "password": PASSWORD * 2}
+    status, _, text = admin_session.request("POST", "/admin/users", {**form, "password_again": PASSWORD * 2, "x": "1"})
+    assert status == 400 and "unknown field &#39;x&#39; in the user form" in text, text[:2000]
 
 
 def test_a_cross_site_post_is_refused(admin_session: HttpSession, console: Server) -> None:

@@ -246,8 +246,10 @@ def test_operator_unloads_and_loads(server: Server, page: Page, client: httpclie
     page.route("**/models/add_sub/load", hold)
     page.get_by_role("button", name="Load", exact=True).click()
     expect(page.get_by_text("Loading…", exact=True)).to_be_visible()
-    for name in ("Load", "Unload", "Roll back to the previous version"):
+    for name in ("Load", "Unload"):
         expect(page.get_by_role("button", name=name, exact=True)).to_be_disabled()
+    # Its served versions never changed: nothing to roll back to, and no rollback offered.
+    expect(page.get_by_role("button", name="Roll back to the previous version")).to_have_count(0)
     expect(page.locator("#model-result p")).to_have_text("add_sub: unloaded: no version serves now")
     page.wait_for_function("() => true")  # lets the route's handler run
     assert len(held) == 1

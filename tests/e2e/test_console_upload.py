@@ -180,7 +180,8 @@ def test_an_archive_picked_in_the_drop_zone_is_installed_with_its_progress_and_s
     infer(server, "fresh")
     events = request(server.http_url, "GET", "/v2/edged/models/fresh/history").json()["events"]
     uploaded = [event for event in events if event["state"] == "UPLOADED"]
-    assert uploaded and uploaded[0]["source"] == "upload" and uploaded[0]["actor"] == "user:otto", events
+    # The console's upload: its source is the console (an API upload's is "upload"), by its user.
+    assert uploaded and uploaded[0]["source"] == "console" and uploaded[0]["actor"] == "user:otto", events
 
 
 def test_an_archive_dropped_on_the_drop_zone_is_installed(page: Page, server: Server, sources: Path) -> None:

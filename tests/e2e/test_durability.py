@@ -15,7 +15,7 @@ from typing import Final
 import modelgen
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from server import Server, run_server
+from server import Server, api_token, bearer, run_server
 
 MODELS: Final = ("m0", "m1")
 # (operation, model, protocol): loads, unloads and a config override, each over both protocols where it can be.
@@ -63,7 +63,7 @@ def _act(server: Server, operation: str, model: str, protocol: str) -> None:
     elif operation == "override":
         # From a private copy with another batch size: the copy and its CURRENT pointer must survive too.
         config = {"name": model, "platform": "onnxruntime_onnx", "max_batch_size": 2}
-        client.load_model(model, config=json.dumps(config))
+        client.load_model(model, config=json.dumps(config), headers=bearer(api_token(server)))
     else:
         client.unload_model(model)
 

@@ -38,6 +38,8 @@ from server import (
     TRACEBACK_MARKER,
     Server,
     add_sub_inputs,
+    api_token,
+    bearer,
     free_ports,
     grpc_add_sub_inputs,
     run_server,
@@ -258,9 +260,11 @@ def test_http_management_through_a_worker(http_worker: httpclient.InferenceServe
 def test_http_relayed_request_keeps_its_client_and_body(workers_server: Server) -> None:
     connection = _raw_on_a_worker(workers_server)
     try:
-        # A body the daemon's app reads, and an answer with a status and headers of its own.
+        # A body the daemon's app reads, and an answer with a status and headers of its own. A config override needs
+        # a credential (from loopback too): the daemon's app reads it from the relayed request.
         body = json.dumps({"parameters": {"config": "{not json"}}).encode()
-        connection.request("POST", "/v2/repository/models/nope/load", body, {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **bearer(api_token(workers_server))}
+        connection.request("POST", "/v2/repository/models/nope/load", body, headers)
         reply = connection.getresponse()
         text = reply.read()
         assert reply.status == 400, text

@@ -25,7 +25,17 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import PYTHON_MODELS
-from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, add_sub_inputs, post_json, request, run_server
+from server import (
+    ADD_SUB_INPUT0,
+    ADD_SUB_INPUT1,
+    Server,
+    add_sub_inputs,
+    api_token,
+    bearer,
+    post_json,
+    request,
+    run_server,
+)
 from tritonclient.utils import InferenceServerException
 
 WAIT_S: Final = 30.0
@@ -235,21 +245,23 @@ def test_a_broken_new_version_leaves_the_old_one_serving(explicit: tuple[Server,
 def test_load_with_a_config_override_and_files(explicit: tuple[Server, Path, Path], tmp_path: Path) -> None:
     server, _, _ = explicit
     client = httpclient.InferenceServerClient(server.http_url)
+    # Overrides bring what the daemon runs: an operator's token, from loopback too.
+    operator = bearer(api_token(server))
     config = client.get_model_config("served")
     config["max_batch_size"] = 4
-    client.load_model("served", config=json.dumps(config))
+    client.load_model("served", config=json.dumps(config), headers=operator)
     assert client.get_model_config("served")["max_batch_size"] == 4
     # A model that is not in the repository at all: its config and model file come with the request.
     staged = tmp_path / "staged"
     _add_sub(staged, "uploaded")
     files = {"file:1/model.onnx": (staged / "uploaded" / "1" / "model.onnx").read_bytes()}
     uploaded_config = json.dumps({"name": "uploaded", "platform": "onnxruntime_onnx", "max_batch_size": 8})
-    client.load_model("uploaded", config=uploaded_config, files=files)
+    client.load_model("uploaded", config=uploaded_config, files=files, headers=operator)
     result = client.infer("uploaded", add_sub_inputs())
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), ADD_SUB_INPUT0 - ADD_SUB_INPUT1)
     # Over gRPC the files travel as bytes.
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    grpc.load_model("uploaded", config=uploaded_config, files=files)
+    grpc.load_model("uploaded", config=uploaded_config, files=files, headers=operator)
     assert grpc.is_model_ready("uploaded")
 
 
@@ -269,6 +281,7 @@ TRAVERSALS: Final = (
 def test_override_paths_that_leave_the_model_are_refused(explicit: tuple[Server, Path, Path], tmp_path: Path) -> None:
     # Every key against one daemon (a daemon each would cost the suite some 20 s for the same checks).
     server, _, state = explicit
+    operator = bearer(api_token(server))
     for key in TRAVERSALS:
         before = {p for p in tmp_path.rglob("*")}
         body = {
@@ -277,7 +290,7 @@ def test_override_paths_that_leave_the_model_are_refused(explicit: tuple[Server,
                 f"file:{key}": base64.b64encode(b"import os\n").decode(),
             }
         }
-        reply = post_json(server.http_url, "/v2/repository/models/intruder/load", body)
+        reply = post_json(server.http_url, "/v2/repository/models/intruder/load", body, operator)
         assert reply.status == 400, (key, reply.body)
         assert "is refused" in json.loads(reply.body)["error"], key
         # Nothing was written anywhere: not outside, not even a private copy.
@@ -290,13 +303,13 @@ def test_override_paths_that_leave_the_model_are_refused(explicit: tuple[Server,
         before = {p for p in tmp_path.rglob("*")}
         config = json.dumps({"name": "intruder", "backend": "python"})
         body = {"parameters": {"config": config, f"file:{key}": base64.b64encode(b"x").decode()}}
-        reply = post_json(server.http_url, "/v2/repository/models/intruder/load", body)
+        reply = post_json(server.http_url, "/v2/repository/models/intruder/load", body, operator)
         error = json.loads(reply.body)["error"]
         assert reply.status == 500, (key, error)
         assert error.startswith("failed to load 'intruder', failed to poll from model repository: override file")
         assert "a part of its path is longer than 255 bytes" in error and str(state) not in error
         with pytest.raises(InferenceServerException) as info:
-            grpc.load_model("intruder", config=config, files={f"file:{key}": b"x"})
+            grpc.load_model("intruder", config=config, files={f"file:{key}": b"x"}, headers=operator)
         assert (info.value.status(), info.value.message()) == ("StatusCode.INTERNAL", error)
         after = {p for p in tmp_path.rglob("*") if "edged.db" not in p.name}
         assert after - before <= {p for p in after if p.is_relative_to(state) and p.is_dir()}, key
@@ -311,27 +324,26 @@ def test_an_override_does_not_follow_links_out_of_the_model(
     outside.mkdir()
     os.symlink(outside, repo / "waiting" / "1" / "elsewhere")
     client = httpclient.InferenceServerClient(server.http_url)
+    operator = bearer(api_token(server))
     config = {"name": "waiting", "platform": "onnxruntime_onnx", "max_batch_size": 8}
     # A config override copies the folder: the link is not carried over, so nothing can be written through it.
-    client.load_model("waiting", config=json.dumps(config))
+    client.load_model("waiting", config=json.dumps(config), headers=operator)
     assert client.is_model_ready("waiting")
     model = (repo / "waiting" / "1" / "model.onnx").read_bytes()
-    client.load_model(
-        "waiting", config=json.dumps(config), files={"file:1/model.onnx": model, "file:1/elsewhere/x": b"data"}
-    )
+    files = {"file:1/model.onnx": model, "file:1/elsewhere/x": b"data"}
+    client.load_model("waiting", config=json.dumps(config), files=files, headers=operator)
     assert list(outside.iterdir()) == []
 
 
 def test_invalid_load_bodies(explicit: tuple[Server, Path, Path]) -> None:
     server, _, _ = explicit
-    reply = post_json(server.http_url, "/v2/repository/models/waiting/load", {"parameters": {"config": 7}})
+    path, operator = "/v2/repository/models/waiting/load", bearer(api_token(server))
+    reply = post_json(server.http_url, path, {"parameters": {"config": 7}}, operator)
     assert (reply.status, json.loads(reply.body)) == (500, {"error": "attempt to access JSON non-string as string"})
-    reply = post_json(
-        server.http_url, "/v2/repository/models/waiting/load", {"parameters": {"config": "{", "file:1/m": "!!"}}
-    )
+    reply = post_json(server.http_url, path, {"parameters": {"config": "{", "file:1/m": "!!"}}, operator)
     assert reply.status == 400
     assert json.loads(reply.body)["error"] == "failed to load 'waiting': 'file:1/m' is not valid base64"
-    reply = post_json(server.http_url, "/v2/repository/models/waiting/load", {"parameters": {"config": "{bad"}})
+    reply = post_json(server.http_url, path, {"parameters": {"config": "{bad"}}, operator)
     assert reply.status == 400
     assert "the 'config' override is not a model config" in json.loads(reply.body)["error"]
     reply = request(server.http_url, "POST", "/v2/repository/models/waiting/load", "notjson")
@@ -373,7 +385,7 @@ def test_restart_serves_what_was_served(tmp_path: Path) -> None:
         client.unload_model("a")
         config = client.get_model_config("b")
         config["max_batch_size"] = 2
-        client.load_model("b", config=json.dumps(config))
+        client.load_model("b", config=json.dumps(config), headers=bearer(api_token(server)))
         events = _history(server, "b")["total"]
         # Killed in the middle of another load: what was served before is what comes back.
         loading = threading.Thread(target=_load_quietly, args=(server, "add_sub_python"), daemon=True)

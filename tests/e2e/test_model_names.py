@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from hypothesis import given
 from hypothesis import strategies as st
-from server import Server, assert_still_serving, post_json, request, run_server
+from server import Server, api_token, assert_still_serving, bearer, post_json, request, run_server
 from tritonclient.utils import InferenceServerException
 
 from edged.core.confined import PathOutsideRoot, inside, remove_tree
@@ -79,7 +79,7 @@ def private_copy(site: Site) -> Iterator[Path]:
     client = httpclient.InferenceServerClient(site.server.http_url)
     config = client.get_model_config("add_sub")
     config["max_batch_size"] = 4
-    client.load_model("add_sub", config=json.dumps(config))
+    client.load_model("add_sub", config=json.dumps(config), headers=bearer(api_token(site.server)))
     copies = list((site.state / "models" / "add_sub").glob("[0-9]*"))
     assert len(copies) == 1
     yield copies[0]
@@ -125,7 +125,7 @@ def test_grpc_load_with_files_writes_nothing_outside(site: Site, tmp_path: Path)
     files = {"file:1/model.py": b"import os\n", "file:1/evil.txt": b"written\n"}
     for name in ("../../canary/c", "../../canary2", str(site.canary / "d"), str(tmp_path / "abs")):
         with pytest.raises(InferenceServerException) as caught:
-            client.load_model(name, config=config, files=files)
+            client.load_model(name, config=config, files=files, headers=bearer(api_token(site.server)))
         assert caught.value.status() == "StatusCode.INTERNAL", name
     assert site.outside() == before
     assert not (site.root / "canary2").exists() and list(tmp_path.iterdir()) == []
@@ -205,7 +205,8 @@ def test_a_load_override_lands_in_the_state_directory_only(site: Site) -> None:
     before = site.outside()
     model = (site.root / "repo" / "add_sub" / "1" / "model.onnx").read_bytes()
     config = json.dumps({"name": "uploaded", "platform": "onnxruntime_onnx", "max_batch_size": 8})
-    client.load_model("uploaded", config=config, files={"file:1/model.onnx": model})
+    files = {"file:1/model.onnx": model}
+    client.load_model("uploaded", config=config, files=files, headers=bearer(api_token(site.server)))
     assert client.is_model_ready("uploaded")
     assert site.outside() == before
     assert list((site.state / "models").iterdir()) == [site.state / "models" / "uploaded"]

@@ -1,6 +1,7 @@
 """Model uploads against the real daemon: ``POST /v2/edged/models/{model}/upload`` and ``edged upload``, with
 archives built here from modelgen's add_sub, inferred on with tritonclient afterwards; every unsafe archive of class
-14 refused with nothing written anywhere; the size limit; the access policy."""
+14 refused with nothing written anywhere; the size limit; the access policy (an upload brings code the daemon runs:
+it needs a token, from loopback too, so every upload here sends an operator's unless it says otherwise)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,18 @@ import modelgen  # type: ignore[import-not-found, unused-ignore]
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, REPO_ROOT, Reply, Server, add_sub_inputs, request, run_server
+from server import (
+    ADD_SUB_INPUT0,
+    ADD_SUB_INPUT1,
+    REPO_ROOT,
+    Reply,
+    Server,
+    add_sub_inputs,
+    api_token,
+    bearer,
+    request,
+    run_server,
+)
 from tritonclient.utils import InferenceServerException
 
 # Small limits, so that the tests of them move kilobytes, not gigabytes.
@@ -176,14 +188,16 @@ ATTACKS: Final[dict[str, tuple[bytes, str]]] = {
 
 
 def upload(server: Server, model: str, body: bytes, *, activate: bool = False, **headers: str) -> Reply:
+    """Sent with an operator's token unless ``headers`` hold an Authorization of their own."""
     query = "?activate=true" if activate else ""
     kind = "application/zip" if body.startswith(b"PK") else "application/gzip"
+    credential = {} if "Authorization" in headers else bearer(api_token(server))
     return request(
         server.http_url,
         "POST",
         f"/v2/edged/models/{model}/upload{query}",
         body,
-        {"Content-Type": kind, **headers},
+        {"Content-Type": kind, **credential, **headers},
     )
 
 
@@ -324,7 +338,7 @@ def test_past_the_size_limit_is_413_and_the_daemon_serves_on(server: Server) -> 
         "POST",
         "/v2/edged/models/resident/upload",
         _chunked(body),
-        {"Content-Type": "application/zip", "Transfer-Encoding": "chunked"},
+        {"Content-Type": "application/zip", "Transfer-Encoding": "chunked", **bearer(api_token(server))},
     )
     assert chunked.status == 413, chunked.body
     infer(server, "resident", "2")
@@ -337,7 +351,11 @@ def test_other_refusals(server: Server, source: Path, tokens: dict[str, str]) ->
     viewer = upload(server, "viewers-model", archive, Authorization=f"Bearer {tokens['viewer']}")
     assert viewer.status == 403, viewer.body
     wrong_type = request(
-        server.http_url, "POST", "/v2/edged/models/x/upload", archive, {"Content-Type": "application/json"}
+        server.http_url,
+        "POST",
+        "/v2/edged/models/x/upload",
+        archive,
+        {"Content-Type": "application/json", **bearer(tokens["operator"])},
     )
     assert wrong_type.status == 415
     assert upload(server, "a\x01b".replace("\x01", "%01"), archive).status == 400
@@ -349,7 +367,12 @@ def test_edged_upload_command(server: Server, sources: Path, scratch: Path, toke
     archive = scratch / "from-cli.tar.gz"
     archive.write_bytes(tar_folder(add_sub(sources, "from-cli"), "from-cli/"))
     url = f"http://{server.http_url}"
-    done = _edged("upload", str(archive), "--model", "from-cli", "--activate", "--url", url)
+    # Without a token, even here on loopback: an upload brings code the daemon runs.
+    anonymous = _edged("upload", str(archive), "--model", "from-cli", "--activate", "--url", url)
+    assert anonymous.returncode == 1 and "HTTP 401" in anonymous.stderr, anonymous.stderr
+    assert "needs an API token, from this machine too" in anonymous.stderr
+    operator = ("--token", tokens["operator"])
+    done = _edged("upload", str(archive), "--model", "from-cli", "--activate", "--url", url, *operator)
     assert done.returncode == 0, done.stderr
     assert "model 'from-cli' version 1 installed (new model, loaded)" in done.stdout
     infer(server, "from-cli")
@@ -357,10 +380,10 @@ def test_edged_upload_command(server: Server, sources: Path, scratch: Path, toke
     assert refused.returncode == 1 and "HTTP 403" in refused.stderr
     broken = scratch / "broken.zip"
     broken.write_bytes(zip_of(("config.pbtxt", b"name: 'cli-broken'\nmax_batch_size: -x\n"), ("1/model.onnx", b"")))
-    refused = _edged("upload", str(broken), "--model", "cli-broken", "--url", url)
+    refused = _edged("upload", str(broken), "--model", "cli-broken", "--url", url, *operator)
     assert refused.returncode == 1 and "HTTP 400" in refused.stderr and "cli-broken/config.pbtxt:2" in refused.stderr
     # The same model folder again: its config is the model's, so its one version becomes the next.
-    added = _edged("upload", str(archive), "--model", "from-cli", "--url", url, "--json")
+    added = _edged("upload", str(archive), "--model", "from-cli", "--url", url, "--json", *operator)
     assert added.returncode == 0, added.stderr
     assert json.loads(added.stdout)["version"] == 2
 

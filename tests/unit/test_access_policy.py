@@ -18,6 +18,7 @@ from edged.core.access import (
     TokenVerifier,
     bearer,
     is_loopback,
+    load_brings_code,
     new_token,
     parse_categories,
     parse_certificate_role,
@@ -25,7 +26,7 @@ from edged.core.access import (
 )
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, peer_address
 from edged.frontends.http import HttpOptions, create_http_app
-from edged.frontends.http.access import http_category
+from edged.frontends.http.access import http_brings_code, http_category
 from edged.proto import grpc_service_pb2, health_pb2
 
 if TYPE_CHECKING:
@@ -177,6 +178,57 @@ def test_checks_in_order_restricted_then_guarded_then_open() -> None:
     with pytest.raises(AccessDenied) as denied:
         nothing_guarded.check(Category.TOKENS, _caller(outside, authorization=f"Bearer {operator.secret}"))
     assert denied.value.refusal is Refusal.FORBIDDEN
+
+
+def test_loopback_is_trusted_short_of_tokens_and_code() -> None:
+    admin = new_token("root", Role.ADMIN, None)
+    operator = new_token("op", Role.OPERATOR, None)
+    viewer = new_token("view", Role.VIEWER, None)
+    policy = AccessPolicy(AccessOptions(), TokenVerifier(_Store(admin.record, operator.record, viewer.record)))
+    loopback = _caller("127.0.0.1")
+    assert policy.check(Category.MODEL_REPOSITORY, loopback) == "loopback"
+    # Token management, and a request that brings code: a credential, from loopback too.
+    for category, code, what in (
+        (Category.TOKENS, False, "token management"),
+        (Category.MODEL_REPOSITORY, True, "sending a model's files or config"),
+    ):
+        for peer in ("127.0.0.1", "::1", "::ffff:127.0.0.2"):
+            with pytest.raises(AccessDenied) as denied:
+                policy.check(category, _caller(peer), code=code)
+            assert denied.value.refusal is Refusal.UNAUTHENTICATED
+            assert denied.value.message.startswith(f"{what} needs an API token, from this machine too")
+    assert policy.check(Category.TOKENS, _caller("127.0.0.1", authorization=f"Bearer {admin.secret}")) == "token:root"
+    with_operator = _caller("127.0.0.1", authorization=f"Bearer {operator.secret}")
+    assert policy.check(Category.MODEL_REPOSITORY, with_operator, code=True) == "token:op"
+    # A credential presented on loopback is what the request is judged by: a viewer is a viewer there too.
+    with_viewer = _caller("127.0.0.1", authorization=f"Bearer {viewer.secret}")
+    for code in (False, True):
+        with pytest.raises(AccessDenied) as denied:
+            policy.check(Category.MODEL_REPOSITORY, with_viewer, code=code)
+        assert denied.value.refusal is Refusal.FORBIDDEN
+    # From elsewhere the answer is the usual one.
+    with pytest.raises(AccessDenied) as denied:
+        policy.check(Category.MODEL_REPOSITORY, _caller("192.0.2.9"), code=True)
+    assert denied.value.message.startswith("the model-repository API needs an API token from this address")
+    # Code in a category the configuration opens is open: the operator chose Triton's exposure for it.
+    nothing_guarded = AccessPolicy(AccessOptions(guarded=frozenset()), TokenVerifier(None))
+    assert nothing_guarded.check(Category.MODEL_REPOSITORY, _caller("192.0.2.9"), code=True) == "anonymous"
+    # And Triton's restricted-API header is a credential.
+    restricted = AccessPolicy(
+        AccessOptions(http_restricted=(parse_restricted("model-repository:admin-key=s3cret", grpc=False),)),
+        TokenVerifier(None),
+    )
+    caller = _caller("127.0.0.1", **{"admin-key": "s3cret"})
+    assert restricted.check(Category.MODEL_REPOSITORY, caller, code=True) == "restricted-header"
+
+
+def test_what_brings_code() -> None:
+    assert load_brings_code({"config": "{}"}) and load_brings_code(["file:1/model.py"])
+    assert not load_brings_code({}) and not load_brings_code(["unload_dependents", "files", "configuration"])
+    for path in ("/v2/edged/models/m/upload", "//v2//edged/models/m/upload/", "/v2/edged/models/a/b/upload"):
+        assert http_brings_code("POST", path), path
+    for path in ("/v2/edged/models/m/history", "/v2/repository/models/m/load", "/v2/models/upload/infer"):
+        assert not http_brings_code("POST", path), path
 
 
 def test_tokens_are_looked_up_at_most_every_two_seconds_and_expire() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from argon2 import PasswordHasher, Type
 
+import edged.core.accounts as accounts_module
 from edged.core.access import Role
 from edged.core.accounts import (
     ABSOLUTE_S,
@@ -19,7 +20,9 @@ from edged.core.accounts import (
     IDLE_S,
     LOCKOUT_BASE_S,
     LOCKOUT_MAX_S,
+    MAX_ADDRESS_FAILURES,
     MAX_FAILURES,
+    MAX_NAME_FAILURES,
     PASSWORD_HASHER,
     WINDOW_S,
     AccountError,
@@ -154,39 +157,55 @@ def test_wrong_password_and_unknown_user_get_the_same_answer(accounts: Accounts)
     assert (wrong.audit.actor, wrong.audit.target, wrong.audit.peer) == ("anonymous", "alice", "192.0.2.7")
 
 
-def test_failures_by_user_name_throttle_that_name_with_a_growing_delay(accounts: Accounts, clock: Clock) -> None:
+def test_failures_of_a_name_from_one_address_throttle_that_pair_with_a_growing_delay(
+    accounts: Accounts, clock: Clock
+) -> None:
     accounts.create_user("alice", Role.VIEWER, PASSWORD, actor="cli")
-    for attempt in range(MAX_FAILURES):
-        # A new address each time: only the name's count can stop them.
-        assert _refused(accounts.login("alice", OTHER, f"192.0.2.{attempt}")).reason == "invalid"
-    throttled = _refused(accounts.login("alice", PASSWORD, "198.51.100.1"))
+    for _ in range(MAX_FAILURES):
+        assert _refused(accounts.login("alice", OTHER, "192.0.2.1")).reason == "invalid"
+    throttled = _refused(accounts.login("alice", PASSWORD, "192.0.2.1"))
     assert throttled.reason == "throttled"
     assert throttled.retry_after_s == LOCKOUT_BASE_S
     assert "try again in 60 s" in throttled.message
-    # Another name from another address is not held back.
-    accounts.create_user("bob", Role.VIEWER, PASSWORD, actor="cli")
-    _logged_in(accounts.login("bob", PASSWORD, "198.51.100.2"))
-    # Once the delay is over one try is taken; a failure now doubles the delay.
+    # Whoever sent them cannot keep alice out: from an address that has not failed, her password works.
+    _logged_in(accounts.login("alice", PASSWORD, "198.51.100.1"))
+    # Once the delay is over one try is taken from that address; a failure now doubles the delay.
     clock.advance(LOCKOUT_BASE_S)
-    assert _refused(accounts.login("alice", OTHER, "192.0.2.99")).reason == "invalid"
-    again = _refused(accounts.login("alice", PASSWORD, "192.0.2.99"))
+    assert _refused(accounts.login("alice", OTHER, "192.0.2.1")).reason == "invalid"
+    again = _refused(accounts.login("alice", PASSWORD, "192.0.2.1"))
     assert (again.reason, again.retry_after_s) == ("throttled", 2 * LOCKOUT_BASE_S)
     clock.advance(2 * LOCKOUT_BASE_S)
-    _logged_in(accounts.login("alice", PASSWORD, "192.0.2.99"))
-    # A success clears the name's count.
-    assert _refused(accounts.login("alice", OTHER, "192.0.2.100")).reason == "invalid"
-    _logged_in(accounts.login("alice", PASSWORD, "192.0.2.101"))
+    _logged_in(accounts.login("alice", PASSWORD, "192.0.2.1"))
+    # A success clears the name's counts from that address.
+    assert _refused(accounts.login("alice", OTHER, "192.0.2.1")).reason == "invalid"
+    _logged_in(accounts.login("alice", PASSWORD, "192.0.2.1"))
+
+
+def test_failures_of_a_name_from_everywhere_hold_back_only_addresses_that_failed(accounts: Accounts) -> None:
+    accounts.create_user("alice", Role.VIEWER, PASSWORD, actor="cli")
+    # One wrong password from each of many addresses: no address reaches a count of its own.
+    for attempt in range(MAX_NAME_FAILURES):
+        assert _refused(accounts.login("alice", OTHER, f"192.0.2.{attempt}")).reason == "invalid"
+    # Each of them is held back now, whatever the password...
+    throttled = _refused(accounts.login("alice", PASSWORD, "192.0.2.0"))
+    assert (throttled.reason, throttled.retry_after_s) == ("throttled", LOCKOUT_BASE_S)
+    # ... but not an address that never failed: the right password there logs alice in.
+    _logged_in(accounts.login("alice", PASSWORD, "198.51.100.7"))
 
 
 def test_unknown_names_are_throttled_like_known_ones(accounts: Accounts) -> None:
-    for attempt in range(MAX_FAILURES):
-        _refused(accounts.login("nobody", OTHER, f"192.0.2.{attempt}"))
+    for _ in range(MAX_FAILURES):
+        _refused(accounts.login("nobody", OTHER, "192.0.2.50"))
     assert _refused(accounts.login("nobody", OTHER, "192.0.2.50")).reason == "throttled"
 
 
 def test_failures_by_address_throttle_every_name_from_it(accounts: Accounts, clock: Clock) -> None:
     accounts.create_user("alice", Role.VIEWER, PASSWORD, actor="cli")
     for attempt in range(MAX_FAILURES):
+        _refused(accounts.login(f"guess{attempt}", OTHER, "203.0.113.9"))
+    # Below the address's own limit, another name from it is not held back by the others' failures.
+    _logged_in(accounts.login("alice", PASSWORD, "203.0.113.9"))
+    for attempt in range(MAX_FAILURES, MAX_ADDRESS_FAILURES):
         _refused(accounts.login(f"guess{attempt}", OTHER, "203.0.113.9"))
     throttled = _refused(accounts.login("alice", PASSWORD, "203.0.113.9"))
     assert throttled.reason == "throttled"
@@ -200,11 +219,39 @@ def test_failures_by_address_throttle_every_name_from_it(accounts: Accounts, clo
     _logged_in(accounts.login("alice", PASSWORD, "203.0.113.9"))
 
 
+def test_an_ipv6_client_counts_by_its_64(accounts: Accounts) -> None:
+    accounts.create_user("alice", Role.VIEWER, PASSWORD, actor="cli")
+    for attempt in range(MAX_FAILURES):
+        _refused(accounts.login("alice", OTHER, f"2001:db8:1:2::{attempt + 1:x}"))
+    assert _refused(accounts.login("alice", PASSWORD, "2001:db8:1:2::ffff")).reason == "throttled"
+    _logged_in(accounts.login("alice", PASSWORD, "2001:db8:1:3::1"))
+
+
+def test_the_failures_table_is_bounded(
+    accounts: Accounts, tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(accounts_module, "MAX_FAILURE_ROWS", 12)
+    for attempt in range(10):
+        _refused(accounts.login(f"guess{attempt}", OTHER, f"192.0.2.{attempt}"))
+        clock.advance(1)
+    rows = _rows(tmp_path, "SELECT key FROM login_failures ORDER BY id")
+    assert len(rows) == 12
+    # The oldest went first: the newest failure's three rows are there.
+    assert {"address:192.0.2.9", "pair:192.0.2.9 guess9", "user:guess9"} <= {row[0] for row in rows}
+    assert "user:guess0" not in {row[0] for row in rows}
+    # Past the window, a failure drops what is older, whatever its key.
+    clock.advance(WINDOW_S + 1)
+    _refused(accounts.login("late", OTHER, "192.0.2.200"))
+    assert len(_rows(tmp_path, "SELECT key FROM login_failures")) == 3
+
+
 def test_the_lockout_grows_and_is_capped() -> None:
     assert [lockout_s(n) for n in range(MAX_FAILURES)] == [0.0] * MAX_FAILURES
     assert lockout_s(MAX_FAILURES) == LOCKOUT_BASE_S
     assert lockout_s(MAX_FAILURES + 1) == 2 * LOCKOUT_BASE_S
     assert lockout_s(MAX_FAILURES + 100) == LOCKOUT_MAX_S
+    assert lockout_s(MAX_ADDRESS_FAILURES - 1, MAX_ADDRESS_FAILURES) == 0.0
+    assert lockout_s(MAX_ADDRESS_FAILURES, MAX_ADDRESS_FAILURES) == LOCKOUT_BASE_S
 
 
 def test_a_session_ends_after_the_idle_time(accounts: Accounts, clock: Clock) -> None:
@@ -339,7 +386,7 @@ def test_the_first_run_code_is_refused_once_a_user_exists(accounts: Accounts) ->
 def test_wrong_setup_codes_are_throttled_by_address(accounts: Accounts) -> None:
     code = accounts.first_run_code()
     assert code is not None
-    for _ in range(MAX_FAILURES):
+    for _ in range(MAX_ADDRESS_FAILURES):
         _refused(accounts.setup_first_admin("WRONG", "root", PASSWORD, "192.0.2.5"))
     assert _refused(accounts.setup_first_admin(code, "root", PASSWORD, "192.0.2.5")).reason == "throttled"
     _logged_in(accounts.setup_first_admin(code, "root", PASSWORD, "192.0.2.6"))

@@ -233,7 +233,7 @@
       const what = answer.created ? "a new model" : "its next version";
       let state = answer.loaded ? "It is loaded and serving." : "It is installed, not loaded.";
       if (answer.probation_s) {
-        state += ` It is on probation for ${Math.round(answer.probation_s)} s: if it fails (a crash, too many failed requests), it is removed again and the version before serves.`;
+        state += ` It is on probation for ${Math.round(answer.probation_s)} s: if it fails (a crash, too many failed requests), it is removed again and the version before serves. Unloading, loading or activating the model meanwhile ends the probation, and the upload stays.`;
       }
       box.append(element("p", "", `Model ${answer.model} version ${answer.version} installed as ${what}. ${state}`));
       const link = element("a", "", `Open model ${answer.model}`);

@@ -16,8 +16,9 @@ did not change is kept as it is.
 Poll mode never loads a folder that is still being written (poll.py decides what a poll acts on).
 
 Every transition (loading, ready, failed and why, unloading, unloaded) goes to the state database with its origin
-(startup, poll, api, upload, sync), when it happened and how long it took, through records.py (one thread of its
-own, so the event loop never waits for the disk). What a reload does with each version is planned in plan.py.
+(startup, poll, api, upload, sync, probation; a request through the console: console), when it happened and how
+long it took, through records.py (one thread of its own, so the event loop never waits for the disk). What a reload
+does with each version is planned in plan.py.
 
 Everything here runs on the event loop; blocking work (reading configs, loading, unloading, hashing files) goes to
 the load pool, one model at a time per model (a lock per name), many models at once.
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edged.core.access import ACTOR
+from edged.core.access import ACTOR, DOOR
 from edged.core.names import model_name_problem, printable
 from edged.core.repository.ensembles import ensembles_last, is_ensemble
 from edged.core.repository.files import FolderPrint, checksum, fingerprint
@@ -74,6 +75,8 @@ class Origin(enum.StrEnum):
     API = "api"
     UPLOAD = "upload"
     SYNC = "sync"
+    # edged's own verdict on an upload's probation (the removal of one that failed it): nobody asked.
+    PROBATION = "probation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +238,22 @@ class ModelController:
 
     async def history(self, name: str | None, offset: int, limit: int) -> tuple[list[HistoryEvent], int]:
         return await self._records.history(name, offset, limit)
+
+    async def restore(self, name: str, before: ModelEntry | None, origin: Origin) -> None:
+        """Undo a load that failed (an upload's): the manager's entry of the model ``before`` it is put back (None:
+        it had none), so readiness and the index are as they were, and what that load brought up retires. (A failed
+        load retired nothing: a version that fails replaces none, and unchanged versions are kept; plan.py.)"""
+        async with self._lock(name):
+            entry = self._manager.entry(name)
+            kept = {id(v) for v in before.versions.values()} if before is not None else set()
+            for version in entry.versions.values() if entry is not None else ():
+                if version.state is ModelState.READY and id(version) not in kept:
+                    self._retire(version, origin)
+            if before is None:
+                self._manager.forget(name)
+            else:
+                self._manager.put_entry(before)
+        await self._records.written()
 
     async def refresh(self, names: Iterable[str], *, origin: Origin = Origin.SYNC) -> dict[str, str | None]:
         """Bring the named models in line with their folders after the repository changed under them (a sync's
@@ -487,28 +506,18 @@ class ModelController:
         source: ModelSource,
         folder: FolderPrint | None,
         old: ModelEntry | None,
-        exc: Exception,
+        exc: VersionsUnavailable | EdgedError,
         origin: Origin,
         seconds: float,
     ) -> None:
         """The config could not be read or completed. A model already serving keeps serving; otherwise it is
         listed UNAVAILABLE with the reason, per version where the config said which."""
-        if isinstance(exc, VersionsUnavailable):
-            reason = exc.error.describe()
-        else:
-            assert isinstance(exc, EdgedError)
-            reason = exc.describe()
+        reason = (exc.error if isinstance(exc, VersionsUnavailable) else exc).describe()
         log.error("failed to load model '%s': %s", name, reason)
         if old is not None and any(v.state is ModelState.READY for v in old.versions.values()):
             old.folder = folder  # not tried again until the folder changes
-            self._transition(
-                name,
-                None,
-                ModelState.UNAVAILABLE.value,
-                origin,
-                f"{reason} (the loaded versions keep serving)",
-                duration_s=seconds,
-            )
+            kept = f"{reason} (the loaded versions keep serving)"
+            self._transition(name, None, ModelState.UNAVAILABLE.value, origin, kept, duration_s=seconds)
             return
         entry = ModelEntry(source, ModelState.UNAVAILABLE, folder=folder)
         if isinstance(exc, VersionsUnavailable):
@@ -564,10 +573,7 @@ class ModelController:
         return entry is not None and any(v.state is ModelState.READY for v in entry.versions.values())
 
     def _lock(self, name: str) -> asyncio.Lock:
-        lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = asyncio.Lock()
-        return lock
+        return self._locks.setdefault(name, asyncio.Lock())
 
     async def _scan(self) -> Any:
         return await asyncio.get_running_loop().run_in_executor(
@@ -593,6 +599,8 @@ class ModelController:
         *,
         duration_s: float | None = None,
     ) -> None:
-        # Who asked, for the changes a request made (edged.core.access.ACTOR); the daemon's own changes have nobody.
-        actor = ACTOR.get() if origin in (Origin.API, Origin.UPLOAD) else None
-        self._records.transition(name, version, state, origin.value, reason, duration_s, actor)
+        # Who asked, and through which door, for the changes a request made (edged.core.access): a console click is
+        # the console's, whatever it calls; the daemon's own changes have nobody.
+        requested = origin in (Origin.API, Origin.UPLOAD)
+        actor, source = (ACTOR.get(), DOOR.get() or origin.value) if requested else (None, origin.value)
+        self._records.transition(name, version, state, source, reason, duration_s, actor)

@@ -171,6 +171,10 @@ class ModelRepositoryManager:
         """Requests go to the entry's READY versions from now on."""
         self._models[entry.source.name] = entry
 
+    def forget(self, name: str) -> None:
+        """The model is no longer listed (not in the index, not counted for readiness), as if never loaded."""
+        self._models.pop(name, None)
+
     def activate(self, version: ModelVersion) -> None:
         """Give a freshly loaded version its statistics and scheduler, so that it can take requests."""
         assert version.backend_model is not None

@@ -6,6 +6,10 @@ A model passes when it reached READY (its ``model_warmup`` runs as part of the l
 stays ready, has no instance process die, and fails at most ``max_error_rate`` of its requests (judged once it
 served ``min_requests``). A model that fails is served again from the last known good snapshot, and the remote
 revision is marked bad so that no later run takes it again; only a newer revision is tried.
+
+A probation judges the version it started with, as nobody touched it: a deliberate change to the model meanwhile (an
+operator's unload, a load, an activation, another upload) ends it unjudged (``ended``), since a model an operator
+unloaded is "not ready" by request, not by failure.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -72,20 +76,37 @@ async def apply(
     return failed
 
 
+def _never(_name: str) -> str | None:
+    return None
+
+
 async def watch(
-    manager: ModelRepositoryManager, names: list[str], limits: ProbationLimits, baseline: dict[str, ModelHealth]
+    manager: ModelRepositoryManager,
+    names: list[str],
+    limits: ProbationLimits,
+    baseline: dict[str, ModelHealth],
+    ended: Callable[[str], str | None] = _never,
 ) -> dict[str, str]:
-    """Watch ``names`` for ``limits.window_s``, against their ``baseline``; returns the ones that failed, with why."""
+    """Watch ``names`` for ``limits.window_s``, against their ``baseline``; returns the ones that failed, with why.
+    A model for which ``ended`` gives a reason leaves the watch unjudged. It is asked right before the model's health
+    is read, with no await between: a control action changes the model and what ``ended`` reads in one step of the
+    event loop, so a probation never sees the one without the other."""
     failed: dict[str, str] = {}
+    watched = list(names)
     deadline = time.monotonic() + limits.window_s
     while True:
-        for name in names:
-            if name not in failed:
-                problem = _problem(baseline[name], manager.health(name), limits)
-                if problem is not None:
-                    log.error("model '%s' failed its probation: %s", name, problem)
-                    failed[name] = problem
-        if len(failed) == len(names) or time.monotonic() >= deadline:
+        for name in list(watched):
+            why = ended(name)
+            if why is not None:
+                log.info("the probation of model '%s' ended unjudged: %s", name, why)
+                watched.remove(name)
+                continue
+            problem = _problem(baseline[name], manager.health(name), limits)
+            if problem is not None:
+                log.error("model '%s' failed its probation: %s", name, problem)
+                failed[name] = problem
+                watched.remove(name)
+        if not watched or time.monotonic() >= deadline:
             return failed
         await asyncio.sleep(POLL_S)
 

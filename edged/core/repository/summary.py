@@ -24,6 +24,9 @@ class VersionSummary:
     number: int
     state: str  # Triton's: READY, UNAVAILABLE, LOADING, UNLOADING; "" for a version on disk that is not loaded
     reason: str = ""
+    # Its folder is in the repository: only then can it be loaded or activated (a version unloaded and then
+    # removed is still listed, as Triton's index lists it).
+    on_disk: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,11 @@ class ModelSummary:
     @property
     def serving(self) -> list[int]:
         return [v.number for v in self.versions if v.state == ModelState.READY.value]
+
+    @property
+    def on_disk(self) -> list[int]:
+        """The versions with a folder in the repository: those a load or an activation can serve."""
+        return [v.number for v in self.versions if v.on_disk]
 
 
 def summaries(manager: ModelRepositoryManager, devices: DeviceInventory) -> list[ModelSummary]:
@@ -85,7 +93,7 @@ def _summary(
 ) -> ModelSummary:
     loaded = entry.versions if entry is not None else {}
     versions = [
-        VersionSummary(number, loaded[number].state.value, loaded[number].reason)
+        VersionSummary(number, loaded[number].state.value, loaded[number].reason, number in on_disk)
         if number in loaded
         else VersionSummary(number, "")
         for number in sorted(set(on_disk) | set(loaded))

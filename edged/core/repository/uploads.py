@@ -16,16 +16,24 @@ extracted into ``<state dir>/uploads/<id>/`` with the model's config beside it; 
 ``edged check-repo`` reads it (errors carry ``<model>/config.pbtxt:line:column``), and, unless the upload is to be
 activated, each new version loaded and unloaded again as check-repo does; the folder moved into the
 repository with one rename (a copy into a hidden folder beside it first when the state directory is on another
-file system); the upload recorded in the model history (origin ``upload``); then, when asked, the model loaded
-through model control, and the new version removed again if it fails to load (the version serving before keeps
-serving). New models go to the first local repository; a model of a synced (s3://, gs://) repository is refused,
-since its files come from the bucket.
+file system); the upload recorded in the model history (origin ``upload``, the console's ``console``); then, when
+asked, the model loaded through model control, and the new version removed again if it fails to load: the device
+is then as it was before the upload (the version serving before keeps serving, a new model is not listed,
+readiness is unchanged). New models go to the first local repository; a model of a synced (s3://, gs://)
+repository is refused, since its files come from the bucket.
+
+An activated upload is then on probation (probation.py), as edged's own task: no request's actor or door. One that
+fails it is removed again, and only what it added: its version folders, and the model's folder only when it made
+the folder and no other version has been put in it since. A deliberate change to the model during the window (an
+operator's unload or load, an activation, a rollback, another upload) ends the probation unjudged, and the upload
+stays: the operator decided what serves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import shutil
@@ -48,7 +56,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from edged.core.repository.control import ModelController
-    from edged.core.repository.manager import ModelHealth, ModelRepositoryManager
+    from edged.core.repository.manager import ModelEntry, ModelHealth, ModelRepositoryManager
     from edged.core.repository.probation import ProbationLimits
 
 log = logging.getLogger(__name__)
@@ -103,6 +111,17 @@ class UploadInvalid(EdgedError):
 def conflict(message: str) -> EdgedError:
     """An upload that cannot go where it asks (a synced model, a name in two repositories): HTTP 409."""
     return EdgedError(ErrorCode.ALREADY_EXISTS, message)
+
+
+@dataclass(frozen=True, slots=True)
+class _Installed:
+    """An upload in the repository, and what it added: undoing it removes that and nothing more."""
+
+    model: str
+    version: int  # the newest version it installed
+    added: tuple[int, ...]  # the version folders it added
+    folder: Path  # the model's folder
+    created: bool  # it made the model's folder (a new model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,52 +229,83 @@ class ModelUploads:
         result = UploadResult(name, version, existing is None, loaded=False)
         if not activate:
             return result
-        # Read before the load: what the new version does from its first moment counts, a crash included.
+        upload = (
+            _Installed(name, version, tuple(plan.versions), destination, created=True)
+            if existing is None
+            else _Installed(name, version, (version,), destination.parent, created=False)
+        )
+        # Read before the load: what the new version does from its first moment counts, a crash included; and what
+        # the manager had of the model, to put back if the load fails.
         baseline = self._manager.health(name)
+        before = self._manager.entry(name)
         try:
             await self._controller.load(name, origin=Origin.UPLOAD)
         except EdgedError as error:
             reason = f"the upload was removed again: it failed to load: {error.message.strip()}"
-            await self._remove(name, version, destination, reason)
+            await self._remove(upload, reason, Origin.UPLOAD)
+            await self._controller.restore(name, before, Origin.UPLOAD)
             raise UploadInvalid(name, [reason], version) from None
         entry = self._manager.entry(name)
         loaded = entry is not None and any(
             number == version and state.state is ModelState.READY for number, state in entry.versions.items()
         )
         limits = self._options.probation
-        if not loaded or limits is None or limits.window_s <= 0:
+        if entry is None or not loaded or limits is None or limits.window_s <= 0:
             return UploadResult(name, version, existing is None, loaded)
-        task = asyncio.create_task(self._probation(name, version, destination, baseline, existing is None))
+        # In a context of its own: what the probation does is edged's, not the uploader's (edged.core.access).
+        task = asyncio.create_task(self._probation(upload, baseline, entry), context=contextvars.Context())
         self._probations.add(task)
         task.add_done_callback(self._probations.discard)
         return UploadResult(name, version, existing is None, loaded, probation_s=limits.window_s)
 
-    async def _probation(
-        self, name: str, version: int, destination: Path, baseline: ModelHealth, created: bool
-    ) -> None:
-        """The activated upload's probation; one that fails it is removed, and what served before serves again (a
-        new model is unloaded)."""
+    async def _probation(self, upload: _Installed, baseline: ModelHealth, watched: ModelEntry) -> None:
+        """The activated upload's probation over ``watched``, the entry its load made: one that fails it is removed,
+        and what served before serves again (a new model is unloaded). Any other entry, or an unload, is someone's
+        change to the model, which ends the probation unjudged."""
         assert self._options.probation is not None
-        failed = await watch(self._manager, [name], self._options.probation, {name: baseline})
+        name = upload.model
+        endings: list[str] = []
+
+        def ended(_: str) -> str | None:
+            why = _changed(self._manager.entry(name), watched)
+            if why is not None:
+                endings.append(why)
+            return why
+
+        failed = await watch(self._manager, [name], self._options.probation, {name: baseline}, ended)
+        if endings:
+            reason = f"the probation of the upload ended unjudged: {endings[0]}; the upload stays installed"
+            await self._controller.note(name, upload.version, "PROBATION_ENDED", reason, Origin.PROBATION)
+            return
         if name not in failed:
             return
         reason = f"the upload was removed again: it failed its probation: {failed[name]}"
-        try:
-            if created:
-                await self._controller.unload(name, origin=Origin.UPLOAD)
-            await self._remove(name, version, destination, reason)
-            if not created:
-                await self._controller.load(name, origin=Origin.UPLOAD)
-        except EdgedError as error:
-            log.error("model '%s': after the upload that failed its probation: %s", name, error.message)
+        # Under the upload lock: an upload to the same model meanwhile waits, so what is removed is what was judged.
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            try:
+                if upload.created:
+                    await self._controller.unload(name, origin=Origin.PROBATION)
+                if await self._remove(upload, reason, Origin.PROBATION):
+                    await self._controller.restore(name, None, Origin.PROBATION)  # the model is gone: not listed
+                elif not upload.created:
+                    await self._controller.load(name, origin=Origin.PROBATION)
+            except EdgedError as error:
+                log.error("model '%s': after the upload that failed its probation: %s", name, error.message)
 
-    async def _remove(self, name: str, version: int, destination: Path, reason: str) -> None:
-        """The installed upload out of the repository again, and why in the history."""
-        log.error("model '%s': %s", name, reason)
-        parent = destination.parent
-        await asyncio.to_thread(remove_tree, parent, destination)
-        await asyncio.to_thread(sync_directory, parent)
-        await self._controller.note(name, version, "UPLOAD_REMOVED", reason, Origin.UPLOAD)
+    async def _remove(self, upload: _Installed, reason: str, origin: Origin) -> bool:
+        """What the upload added out of the repository again, and why in the history: its version folders, and the
+        model's folder when the upload made it and no other version is in it now (one uploaded or put there since
+        stays). True when the model's folder is gone."""
+        log.error("model '%s': %s", upload.model, reason)
+        others = await asyncio.to_thread(_other_versions, upload.folder, upload.added)
+        whole = upload.created and not others
+        root = upload.folder.parent if whole else upload.folder
+        paths = [upload.folder] if whole else [upload.folder / str(number) for number in upload.added]
+        for path in paths:
+            await asyncio.to_thread(remove_tree, root, path)
+        await asyncio.to_thread(sync_directory, root)
+        await self._controller.note(upload.model, upload.version, "UPLOAD_REMOVED", reason, origin)
+        return whole
 
     async def close(self) -> None:
         """Ends the probations in progress (at the daemon's stop): the uploads they watch stay installed."""
@@ -401,6 +451,27 @@ def _plan(name: str, members: list[Member], existing: ModelSource | None) -> _Pl
         [],
         has_config,
     )
+
+
+def _changed(now: ModelEntry | None, watched: ModelEntry) -> str | None:
+    """How the model was changed on purpose since ``watched`` (the entry an upload's load made) was made, if it
+    was: model control makes a new entry for every load (an activation, a rollback, another upload's) and marks an
+    unloaded one unwanted, in the same step that changes what serves."""
+    if now is None:
+        return "the model is no longer loaded"
+    if now is not watched:
+        return "the model was loaded again (a load, an activation, a rollback or another upload)"
+    if not now.wanted:
+        return "the model was unloaded"
+    return None
+
+
+def _other_versions(model_dir: Path, added: tuple[int, ...]) -> list[int]:
+    """The version folders in ``model_dir`` besides ``added``."""
+    try:
+        return [int(e.name) for e in os.scandir(model_dir) if is_version_name(e.name) and int(e.name) not in added]
+    except FileNotFoundError:
+        return []
 
 
 def _next_version(model_dir: Path) -> int:

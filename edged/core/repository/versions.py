@@ -107,7 +107,7 @@ class VersionActivation:
         is none, or when those versions are gone from the repository."""
         what = f"failed to roll back '{printable(name)}'"
         source = await self._source(name, what)
-        previous = self._previous.get(name) or await self._recorded_previous(name)
+        previous = await self.previous(name)
         if not previous:
             raise EdgedError(
                 ErrorCode.INVALID_ARG,
@@ -122,6 +122,16 @@ class VersionActivation:
                 f"{what} to {_words(previous)}: version {_listed(missing)} is no longer in the model repository",
             )
         return await self._serve(name, Activation(tuple(previous), rollback=True))
+
+    async def previous(self, name: str) -> list[int]:
+        """The versions a rollback of ``name`` would serve (empty: there is nothing to roll back to). Read from the
+        history once per run, then kept: within a run every later change goes through ``changed``, which keeps it
+        too, so the console can ask on every refresh of a model's page."""
+        if name not in self._previous:
+            recorded = await self._recorded_previous(name) or []
+            # (setdefault: a change made while the history was read is newer than what the read found.)
+            self._previous.setdefault(name, recorded)
+        return list(self._previous[name])
 
     async def _serve(self, name: str, activation: Activation) -> ServedVersions:
         before = self._manager.ready_versions(name)

@@ -59,6 +59,7 @@ async def users_page(
 async def create_user(request: Request[Any, Any, Any]) -> Response[Any]:
     session = session_of(request)
     form = await request.form()
+    auth.known_fields(form, "user", "name", "role", "password", "password_again")
     name, role_name = _field(form, "name").strip(), _field(form, "role")
     password, again = _field(form, "password"), _field(form, "password_again")
     accounts = console(request).accounts
@@ -77,6 +78,7 @@ async def create_user(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @post("/admin/users/{name:str}/disable", guards=[auth.admin, auth.csrf], status_code=303)
 async def disable_user(request: Request[Any, Any, Any], name: str) -> Response[Any]:
+    auth.known_fields(await request.form(), "disable")
     session = session_of(request)
     try:
         if name == session.user:
@@ -98,6 +100,7 @@ async def password_page(request: Request[Any, Any, Any], name: str) -> Template:
 async def set_password(request: Request[Any, Any, Any], name: str) -> Response[Any]:
     session = session_of(request)
     form = await request.form()
+    auth.known_fields(form, "password", "password", "password_again")
     password, again = _field(form, "password"), _field(form, "password_again")
     try:
         if password != again:
@@ -146,6 +149,7 @@ async def tokens_page(request: Request[Any, Any, Any], revoked: str = "") -> Tem
 async def create_token(request: Request[Any, Any, Any]) -> Template:
     session = session_of(request)
     form = await request.form()
+    auth.known_fields(form, "token", "name", "role", "days")
     name, role_name, days = _field(form, "name").strip(), _field(form, "role"), _field(form, "days").strip()
     try:
         if role_name not in ROLES:
@@ -165,6 +169,7 @@ async def create_token(request: Request[Any, Any, Any]) -> Template:
 async def revoke_token(request: Request[Any, Any, Any]) -> Response[Any]:
     session = session_of(request)
     form = await request.form()
+    auth.known_fields(form, "revoke", "name")
     name = _field(form, "name")
     try:
         revoked = await asyncio.to_thread(console(request).tokens.revoke, name)
@@ -218,6 +223,8 @@ async def account_page(request: Request[Any, Any, Any]) -> Template:
 async def change_password(request: Request[Any, Any, Any]) -> Response[Any]:
     session = session_of(request)
     form = await request.form()
+    # "username": the hidden field that tells a password manager whose password changes.
+    auth.known_fields(form, "account", "username", "old_password", "password", "password_again")
     old, new, again = _field(form, "old_password"), _field(form, "password"), _field(form, "password_again")
     try:
         if new != again:

@@ -4,7 +4,8 @@ The guards: ``viewer`` finds the request's session from its cookie (in a thread:
 and ``admin`` also ask for that role; ``csrf`` is on every state-changing request: a cross-site Origin is refused
 first, then the session's token must come in the X-CSRF-Token header or the ``csrf_token`` form field. Login and
 setup take no session, so they carry no token: SameSite=Strict keeps a cross-site page from using a session, and
-the Origin check keeps it from logging the browser in as somebody else.
+the Origin check keeps it from logging the browser in as somebody else. ``known_fields`` refuses a management form
+(accounts, passwords, tokens, sync) that holds a field it does not take, as the API refuses such a body.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from urllib.parse import urlsplit
 
 from litestar import Request, Response, get, post
 from litestar.enums import RequestEncodingType
-from litestar.exceptions import PermissionDeniedException
+from litestar.exceptions import ClientException, PermissionDeniedException
 from litestar.response import Redirect, Template
 
 from edged.core.access import Role
 from edged.core.accounts import ABSOLUTE_S, AccountError, LoginRefused, NewSession
+from edged.frontends.bodies import unknown_fields
 from edged.frontends.console.history import record
 from edged.frontends.console.pages import LoginNeeded, RoleNeeded, console, may, render, session_of
 
@@ -96,6 +98,14 @@ def _same_origin(connection: ASGIConnection[Any, Any, Any, Any]) -> None:
         raise PermissionDeniedException("cross-site requests are refused")
 
 
+def known_fields(form: Any, what: str, *known: str) -> None:
+    """400 naming each field of ``form`` not among ``known`` (and the CSRF token): a field misspelt by a script,
+    dropped silently, would do something else than asked (a token meant to expire that never does)."""
+    problem = unknown_fields(form.keys(), f"{what} form", (*known, CSRF_FIELD))
+    if problem is not None:
+        raise ClientException(problem)
+
+
 # --- login, setup, logout ---------------------------------------------------------------------------------
 
 
@@ -127,6 +137,7 @@ async def setup_page(request: Request[Any, Any, Any]) -> Template | Redirect:
 async def setup(request: Request[Any, Any, Any]) -> Response[Any]:
     _same_origin(request)
     form = await request.form()
+    known_fields(form, "setup", "code", "name", "password", "password_again")
     code, name = _field(form, "code").strip().upper(), _field(form, "name").strip()
     password, again = _field(form, "password"), _field(form, "password_again")
     if password != again:

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from litestar import Request, get
 from litestar.response import Stream, Template
 
-from edged.core.audit import CSV_HEADER, SOURCES
+from edged.core.audit import CSV_HEADER, SOURCES, actor_of
 from edged.frontends.console.pages import console, render
 
 if TYPE_CHECKING:
@@ -122,13 +122,9 @@ async def history_csv(request: Request[Any, Any, Any], model: str = "", user: st
 
 
 def who(event: Event) -> str:
-    """Who did it, as a person reads it: a user's name, ``token ci``, or edged itself."""
-    if event.actor is None:
-        return "edged"
-    kind, _, name = event.actor.partition(":")
-    if kind == "user" and name:
-        return name
-    return f"{kind} {name}" if name else kind
+    """Who did it, spelled as everywhere else (the model pages, the CSV export, the actor filter): ``user:ada``,
+    ``token:ci``, ``cli``, or ``edged`` for edged itself."""
+    return actor_of(event.actor)
 
 
 ROUTES = [history_page, history_csv]

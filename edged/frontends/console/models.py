@@ -1,6 +1,7 @@
 """The models and their versions: a table of every model with its figures now, and a page per model with its state,
 config, versions and history, and the operator's actions on it (load or reload, unload, activate a version, roll
-back to the previous one).
+back to the previous one). Only actions that can work are offered: a load or an activation of versions on disk, a
+rollback when there is something to roll back to, still on disk.
 
 An action answers an htmx request with the model's live part re-rendered and a result line; a plain form gets a
 303 back to the model page, which shows the result once (kept per session here, never carried in the URL, so no
@@ -189,7 +190,7 @@ def _table(service: InferenceService) -> dict[str, Any]:
             ModelRow(
                 model=model,
                 serving=_listed(model.serving),
-                on_disk=_listed([v.number for v in model.versions]),
+                on_disk=_listed(model.on_disk),
                 instances=_instances(model.instances) if model.serving else "",
                 request_rate=now.request_rate,
                 error_rate=now.error_rate,
@@ -203,11 +204,14 @@ def _table(service: InferenceService) -> dict[str, Any]:
 async def _live(service: InferenceService, model: ModelSummary, offset: int) -> dict[str, Any]:
     offset = max(0, offset)
     events, total = await service.model_history(model.name, offset, HISTORY_PAGE)
+    previous = await service.rollback_versions(model.name)
     return {
         "model": model,
         "model_url": f"/models/{quote(model.name, safe='')}",
         "serving": _listed(model.serving),
         "instances": _instances(model.instances) if model.serving else "",
+        # What a rollback would serve, offered only when every one of them is still on disk.
+        "rollback_to": _listed(previous) if previous and set(previous) <= set(model.on_disk) else "",
         "events": events,
         "total": total,
         "offset": offset,

@@ -13,7 +13,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.response import Template
 
 from edged import __version__
-from edged.core.access import ACTOR, Role
+from edged.core.access import ACTOR, DOOR, Role
 
 if TYPE_CHECKING:
     from litestar import Request
@@ -77,11 +77,13 @@ def is_htmx(request: Request[Any, Any, Any]) -> bool:
 
 @contextlib.contextmanager
 def acting(session: Session) -> Iterator[None]:
-    """Core calls inside are recorded as this user's (the model history's actor), as the API records a token's."""
-    token = ACTOR.set(f"user:{session.user}")
+    """Core calls inside are recorded as this user's (the model history's actor), as the API records a token's, and
+    as the console's (their source), not the API's or the upload's the console calls through."""
+    token, door = ACTOR.set(f"user:{session.user}"), DOOR.set("console")
     try:
         yield
     finally:
+        DOOR.reset(door)
         ACTOR.reset(token)
 
 

@@ -57,6 +57,7 @@ async def sync_runs(request: Request[Any, Any, Any], page: int = 1) -> Template:
 @post("/sync/now", guards=[auth.operator, auth.csrf], status_code=303)
 async def sync_now(request: Request[Any, Any, Any]) -> Response[Any]:
     """Runs every source now and answers when the runs are done (a probation goes on after them)."""
+    auth.known_fields(await request.form(), "sync")
     sync = _sync(request)
     session = session_of(request)
     _record(request, "sync-now")
@@ -69,6 +70,7 @@ async def sync_now(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @post("/sync/pause", guards=[auth.operator, auth.csrf], status_code=303)
 async def sync_pause(request: Request[Any, Any, Any]) -> Response[Any]:
+    auth.known_fields(await request.form(), "sync")
     sync = _sync(request)
     session = session_of(request)
     with acting(session):
@@ -79,6 +81,7 @@ async def sync_pause(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @post("/sync/resume", guards=[auth.operator, auth.csrf], status_code=303)
 async def sync_resume(request: Request[Any, Any, Any]) -> Response[Any]:
+    auth.known_fields(await request.form(), "sync")
     sync = _sync(request)
     session = session_of(request)
     with acting(session):

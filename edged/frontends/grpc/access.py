@@ -4,7 +4,8 @@ Triton groups them for ``--grpc-restricted-protocol``, and checked before the se
 A refusal is answered as Triton answers its restricted protocols (UNAVAILABLE "This protocol is restricted,
 expecting header 'triton-grpc-protocol-<key>'") or, for edged's tokens, UNAUTHENTICATED without valid credentials
 and PERMISSION_DENIED when the token's role does not grant the category. Credentials travel as metadata:
-``authorization: Bearer <token>``, which tritonclient sends from its ``headers=`` argument.
+``authorization: Bearer <token>``, which tritonclient sends from its ``headers=`` argument. A load with overrides
+brings code (edged.core.access.load_brings_code): the guard reads that from the request before the servicer runs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal, open_actor
+from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Caller, Category, Refusal, load_brings_code, open_actor
 from edged.frontends.grpc.status import StatusCode
 from edged.frontends.tls import peer_identity_grpc
 
@@ -44,6 +45,10 @@ INFERENCE_SERVICE: Final[Mapping[str, Category]] = {
     "LogSettings": Category.LOGGING,
 }
 HEALTH_SERVICE: Final[Mapping[str, Category]] = {"Check": Category.HEALTH}
+# The RPCs whose request may bring code (see edged.core.access.AccessPolicy.check): whether this one does.
+BRINGS_CODE: Final[Mapping[str, Callable[[Any], bool]]] = {
+    "RepositoryModelLoad": lambda request: load_brings_code(request.parameters),
+}
 
 _CODES: Final = {
     Refusal.RESTRICTED: StatusCode.UNAVAILABLE,
@@ -66,7 +71,7 @@ def guard(servicer: object, policy: AccessPolicy, methods: Mapping[str, Category
         if inspect.isasyncgenfunction(method):
             setattr(servicer, name, _guard_stream(method, category, policy))
         else:
-            setattr(servicer, name, _guard_unary(method, category, policy))
+            setattr(servicer, name, _guard_unary(method, category, policy, BRINGS_CODE.get(name)))
 
 
 # The client's peer, as a frontend worker relaying a call saw it (edged.frontends.grpc.relay). Believed only from
@@ -117,12 +122,16 @@ def _noting_actor(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any
 
 
 def _guard_unary(
-    method: Callable[[Any, Any], Any], category: Category, policy: AccessPolicy
+    method: Callable[[Any, Any], Any],
+    category: Category,
+    policy: AccessPolicy,
+    brings_code: Callable[[Any], bool] | None = None,
 ) -> Callable[[Any, Any], Any]:
     @functools.wraps(method)
     async def guarded(request: Any, context: Call) -> Any:
         try:
-            actor = policy.check(category, caller(context))
+            code = brings_code is not None and brings_code(request)
+            actor = policy.check(category, caller(context), code=code)
         except AccessDenied as denied:
             await context.abort(_CODES[denied.refusal], denied.message)
         token = ACTOR.set(actor)

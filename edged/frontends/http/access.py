@@ -50,3 +50,13 @@ def http_category(method: str, path: str) -> Category:
     if rest[:1] == ["versions"]:
         rest = rest[2:]
     return _MODEL.get(tuple(rest), Category.MODEL_REPOSITORY)
+
+
+def http_brings_code(method: str, path: str) -> bool:
+    """Whether the request brings code for the daemon to run whatever its body holds: a model upload (a model's
+    files, from which a load, or the upload's own check, runs whatever the backend runs). Decided from the path, so
+    that the body is never read for a caller who may not send it. A load's overrides are in its body: its handler
+    asks (edged.core.access.load_brings_code)."""
+    del method  # the route takes POST only; any other method is refused as the same request
+    parts = [part for part in path.split("/") if part]
+    return parts[:3] == ["v2", "edged", "models"] and len(parts) > 3 and parts[-1] == "upload"

@@ -6,22 +6,21 @@ are the ordinary Litestar handlers here.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from litestar import Litestar, MediaType, Request, Response, delete, get, post, route
+from litestar import Litestar, MediaType, Request, Response, get, post, route
 from litestar.exceptions import InternalServerException, MethodNotAllowedException, NotFoundException
 
-from edged.core.access import ACTOR, AccessPolicy, Role, TokenVerifier, TokenView
-from edged.core.accounts import AuditEntry
+from edged.core.access import ACTOR, AccessDenied, AccessPolicy, Category, load_brings_code
 from edged.core.config.model_config import model_config_to_json
-from edged.core.names import printable
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends import kserve
+from edged.frontends.access import check_code, refusal_parts
+from edged.frontends.bodies import no_fields
+from edged.frontends.http.audit import record as _audit
 from edged.frontends.http.codec import (
     decode_json,
     encode,
@@ -30,6 +29,7 @@ from edged.frontends.http.codec import (
 )
 from edged.frontends.http.infer import HttpOptions, InferRoute
 from edged.frontends.http.openapi import openapi_route
+from edged.frontends.http.tokens import token_create, token_list, token_revoke
 from edged.frontends.http.uploads import model_upload
 from edged.frontends.http.versions import version_activate, version_rollback
 from edged.frontends.statuses import status_for
@@ -275,9 +275,20 @@ def _repository_parameters(request: Request[Any, Any, Any], body: bytes, what: s
 @post("/v2/repository/models/{model:str}/load", status_code=200)
 async def repository_load(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
     parameters = _repository_parameters(request, await request.body(), "load")
+    # Overrides bring what the daemon would run: asked of the access policy now that the body tells (gRPC's guard
+    # asks before its servicer, from the request).
+    if load_brings_code(parameters):
+        denied = check_code(request.scope, request.app.state.access, Category.MODEL_REPOSITORY)
+        if denied is not None:
+            return _refused(denied)
     config, files = kserve.load_overrides(_JsonLoadParameters(model, parameters))
     await _service(request).load_model(model, config, files)
     return Response(b"", status_code=200)
+
+
+def _refused(denied: AccessDenied) -> Response[bytes]:
+    status, headers, body = refusal_parts(denied)
+    return Response(body, status_code=status, headers=headers, media_type=MediaType.JSON)
 
 
 class _JsonLoadParameters:
@@ -419,6 +430,7 @@ async def sync_status(request: Request[Any, Any, Any]) -> Response[bytes]:
 @post("/v2/edged/sync/now", status_code=200)
 async def sync_now(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Sync every remote repository now; answers when the runs are done (the probation goes on after)."""
+    await no_fields(request, "sync")
     sync = _sync(request)
     log.info("repository sync asked for by %s", ACTOR.get() or "anonymous")
     _audit(request, "sync-now", "repository", "")
@@ -427,6 +439,7 @@ async def sync_now(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @post("/v2/edged/sync/pause", status_code=200)
 async def sync_pause(request: Request[Any, Any, Any]) -> Response[bytes]:
+    await no_fields(request, "sync")
     sync = _sync(request)
     sync.pause()
     log.info("repository sync paused by %s", ACTOR.get() or "anonymous")
@@ -436,6 +449,7 @@ async def sync_pause(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @post("/v2/edged/sync/resume", status_code=200)
 async def sync_resume(request: Request[Any, Any, Any]) -> Response[bytes]:
+    await no_fields(request, "sync")
     sync = _sync(request)
     sync.resume()
     log.info("repository sync resumed by %s", ACTOR.get() or "anonymous")
@@ -455,85 +469,6 @@ async def sync_history(request: Request[Any, Any, Any]) -> Response[bytes]:
         raise EdgedError(ErrorCode.INVALID_ARG, "history paging needs 0 <= offset < 2**63 and 1 <= limit <= 1000")
     runs, total = await _sync(request).history(offset, limit)
     return _json({"offset": offset, "limit": limit, "total": total, "runs": runs})
-
-
-# --- API tokens (admin) ------------------------------------------------------------------------------------
-
-
-# The longest lifetime a token may be given; past it, "never" (no expires_in_s) says what is meant.
-MAX_TOKEN_LIFETIME_S = 10 * 365 * 86400
-
-
-def _tokens(request: Request[Any, Any, Any]) -> TokenVerifier:
-    access: AccessPolicy | None = request.app.state.access
-    if access is None:
-        raise EdgedError(ErrorCode.UNAVAILABLE, "API tokens are not managed by this server")
-    return access.tokens
-
-
-def _token_json(token: TokenView) -> dict[str, Any]:
-    return {
-        "name": token.name,
-        "role": token.role,
-        "state": token.state,
-        "created_at": token.created_at.isoformat(),
-        "expires_at": token.expires_at.isoformat() if token.expires_at else None,
-    }
-
-
-# The token calls read and write the state database: in a worker thread, never on the event loop.
-@get("/v2/edged/tokens")
-async def token_list(request: Request[Any, Any, Any]) -> Response[bytes]:
-    try:
-        tokens = await asyncio.to_thread(_tokens(request).list)
-    except ValueError as error:
-        raise EdgedError(ErrorCode.UNAVAILABLE, str(error)) from None
-    return _json({"tokens": [_token_json(token) for token in tokens]})
-
-
-@post("/v2/edged/tokens", status_code=200)
-async def token_create(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """``{"name": ..., "role": "viewer|operator|admin", "expires_in_s": N}`` -> the token, shown this once."""
-    spec = _json_object(_decode(request, await request.body()), "token")
-    name, role, lifetime = spec.get("name"), spec.get("role"), spec.get("expires_in_s")
-    if not isinstance(name, str) or role not in {r.value for r in Role}:
-        raise EdgedError(ErrorCode.INVALID_ARG, "a token needs a 'name' and a 'role' (viewer, operator or admin)")
-    if lifetime is not None and (
-        not isinstance(lifetime, int) or isinstance(lifetime, bool) or not 0 < lifetime <= MAX_TOKEN_LIFETIME_S
-    ):
-        raise EdgedError(
-            ErrorCode.INVALID_ARG, f"'expires_in_s' must be 1 to {MAX_TOKEN_LIFETIME_S} seconds (ten years)"
-        )
-    expires = datetime.now(UTC) + timedelta(seconds=lifetime) if lifetime else None
-    try:
-        secret, token = await asyncio.to_thread(_tokens(request).create, name, Role(role), expires)
-    except ValueError as error:
-        raise EdgedError(ErrorCode.INVALID_ARG, str(error)) from None
-    log.info("API token '%s' (%s) created by %s", printable(name), role, ACTOR.get() or "anonymous")
-    _audit(request, "token-create", name, f"role {role}")
-    return _json({**_token_json(token), "token": secret})
-
-
-@delete("/v2/edged/tokens/{name:str}", status_code=200)
-async def token_revoke(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
-    if not await asyncio.to_thread(_tokens(request).revoke, name):
-        raise EdgedError(ErrorCode.NOT_FOUND, f"no active token named '{printable(name)}'")
-    log.info("API token '%s' revoked by %s", printable(name), ACTOR.get() or "anonymous")
-    _audit(request, "token-revoke", name, "")
-    return _json({})
-
-
-def _audit(
-    request: Request[Any, Any, Any],
-    action: Literal["token-create", "token-revoke", "sync-now", "sync-pause", "sync-resume"],
-    name: str,
-    detail: str,
-) -> None:
-    """A token or sync action into the audit history, as the console records its own (source "api")."""
-    audit: AuditLog | None = request.app.state.audit
-    if audit is not None:
-        peer = request.client.host if request.client is not None else None
-        audit.record(AuditEntry(ACTOR.get() or "anonymous", action, name, "done", detail, peer), "api")
 
 
 def create_http_app(
