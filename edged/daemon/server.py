@@ -39,6 +39,7 @@ from edged.core.metrics_history import MetricsHistory
 from edged.core.repository.archives import ArchiveLimits
 from edged.core.repository.control import ControlMode, ControlOptions, ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
+from edged.core.repository.private_copies import FoldersOverlap
 from edged.core.repository.probation import ProbationLimits
 from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.service import InferenceService
@@ -155,17 +156,20 @@ class Core:
             executor,
             backends,
         )
-        controller = ModelController(
-            manager,
-            ControlOptions(
-                mode=ControlMode(settings.model_control_mode),
-                poll_secs=settings.repository_poll_secs,
-                startup_models=settings.load_models,
-                load_thread_count=settings.model_load_thread_count,
-                state_dir=settings.state_dir,
-            ),
-            store,
-        )
+        try:
+            controller = ModelController(
+                manager,
+                ControlOptions(
+                    mode=ControlMode(settings.model_control_mode),
+                    poll_secs=settings.repository_poll_secs,
+                    startup_models=settings.load_models,
+                    load_thread_count=settings.model_load_thread_count,
+                    state_dir=settings.state_dir,
+                ),
+                store,
+            )
+        except FoldersOverlap as exc:
+            raise StartupError(str(exc)) from None
         registry = edged_registry()
         sync = build_sync(settings, controller, manager, store, registry) if settings.remote_repositories else None
         uploads = ModelUploads(

@@ -80,7 +80,7 @@ def private_copy(site: Site) -> Iterator[Path]:
     config = client.get_model_config("add_sub")
     config["max_batch_size"] = 4
     client.load_model("add_sub", config=json.dumps(config), headers=bearer(api_token(site.server)))
-    copies = list((site.state / "models" / "add_sub").glob("[0-9]*"))
+    copies = list((site.state / "overrides" / "add_sub").glob("[0-9]*"))
     assert len(copies) == 1
     yield copies[0]
     client.load_model("add_sub")  # from the repository again: the private copy goes
@@ -209,7 +209,7 @@ def test_a_load_override_lands_in_the_state_directory_only(site: Site) -> None:
     client.load_model("uploaded", config=config, files=files, headers=bearer(api_token(site.server)))
     assert client.is_model_ready("uploaded")
     assert site.outside() == before
-    assert list((site.state / "models").iterdir()) == [site.state / "models" / "uploaded"]
+    assert list((site.state / "overrides").iterdir()) == [site.state / "overrides" / "uploaded"]
     client.unload_model("uploaded")
     client.close()
 

@@ -42,7 +42,7 @@ from edged.core.repository.files import FolderPrint, checksum, fingerprint
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
 from edged.core.repository.plan import plan_versions
 from edged.core.repository.poll import FolderWatch
-from edged.core.repository.private_copies import PrivateCopies
+from edged.core.repository.private_copies import PrivateCopies, private_root
 from edged.core.repository.records import ControlRecords
 from edged.core.repository.scan import ModelSource, scan_repositories
 from edged.core.repository.versions import Activation, VersionActivation
@@ -56,9 +56,6 @@ if TYPE_CHECKING:
     from edged.state.store import HistoryEvent, StateStore
 
 log = logging.getLogger(__name__)
-
-# Where private copies of models loaded with override files live, under the state directory.
-PRIVATE_MODELS = "models"
 
 
 class ControlMode(enum.StrEnum):
@@ -94,7 +91,8 @@ class ControlOptions:
 class ModelController:
     def __init__(self, manager: ModelRepositoryManager, options: ControlOptions, store: StateStore | None) -> None:
         self._manager = manager
-        self._copies = PrivateCopies(options.state_dir / PRIVATE_MODELS if options.state_dir is not None else None)
+        state_dir = options.state_dir
+        self._copies = PrivateCopies(private_root(state_dir, manager.repositories) if state_dir is not None else None)
         self._options = options
         self._records = ControlRecords(store)
         self._load_pool = ThreadPoolExecutor(max(1, options.load_thread_count), thread_name_prefix="edged-load")

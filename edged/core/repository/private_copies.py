@@ -1,5 +1,5 @@
 """Private copies of models loaded with overrides (a ``config`` and ``file:`` contents from the load API):
-``<state dir>/models/<name>/<generation>/``, with ``CURRENT`` naming the generation the model serves from, so that a
+``<state dir>/overrides/<name>/<generation>/``, with ``CURRENT`` naming the generation the model serves from, so that a
 restart loads the same copy again. The files themselves are made by edged.core.repository.files.make_private_copy."""
 
 from __future__ import annotations
@@ -19,6 +19,50 @@ from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 
 _CURRENT = "CURRENT"
+# The copies' folder in the state directory. Releases before it used "models", which is also where the package
+# keeps the repository (/var/lib/edged/models): settling a copy there removed the model's repository folder.
+OVERRIDES = "overrides"
+_EARLIER = "models"
+
+
+class FoldersOverlap(ValueError):
+    """A model repository lies in the private copies' folder."""
+
+
+def private_root(state_dir: Path, repositories: list[Path]) -> Path:
+    """``<state dir>/overrides``, with the copies an earlier release kept in ``<state dir>/models`` moved there;
+    FoldersOverlap when a model repository lies in it (settling a copy removes folders in it)."""
+    root = state_dir / OVERRIDES
+    for repository in repositories:
+        if _within(repository, root):
+            raise FoldersOverlap(
+                f"model repository '{repository}' lies in '{root}', where edged keeps the models loaded with "
+                "overrides: give the state directory or the repository another place"
+            )
+    earlier = state_dir / _EARLIER
+    if not root.exists() and _holds_only_copies(earlier) and not any(_within(r, earlier) for r in repositories):
+        earlier.rename(root)
+    return root
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def _holds_only_copies(folder: Path) -> bool:
+    """Whether ``folder`` holds private copies only: each entry a model's folder of numbered generations and CURRENT
+    (a repository's model folders hold a config.pbtxt, never a CURRENT)."""
+    try:
+        models = list(folder.iterdir())
+        return bool(models) and all(
+            model.is_dir()
+            and not model.is_symlink()
+            and (model / _CURRENT).is_file()
+            and all(entry.name.isdigit() or entry.name.startswith(_CURRENT) for entry in model.iterdir())
+            for model in models
+        )
+    except OSError:
+        return False
 
 
 def override_config_text(name: str, config_json: str | None, files: dict[str, bytes]) -> str | None:
@@ -48,7 +92,7 @@ def override_config_text(name: str, config_json: str | None, files: dict[str, by
 
 
 class PrivateCopies:
-    """The private copies of every model, under ``root`` (``<state dir>/models``). Each method checks the model
+    """The private copies of every model, under ``root`` (``<state dir>/overrides``). Each method checks the model
     name (edged.core.names) and every path it creates or removes lies inside ``root``, whatever its caller checked
     before."""
 
