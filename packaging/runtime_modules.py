@@ -1,6 +1,6 @@
 """Prints the Python source files that edged imports when it runs, one per line: the ones the .deb precompiles.
 
-Usage: ``python packaging/runtime_modules.py VENV REPOSITORY``
+Usage: ``python packaging/runtime_modules.py VENV REPOSITORY [CONFIG]``
 
 The package's virtualenv holds about twice as much bytecode as edged ever loads (whole libraries of which it
 imports a few modules), and every megabyte is paid on the device. So the build precompiles what a run imports,
@@ -9,12 +9,18 @@ metrics and console endpoints, answering an inference, a scrape and the console'
 its bytecode under a PYTHONPYCACHEPREFIX of its own, so the files found there are exactly the modules imported.
 A module that only a rarer path imports (a database upgrade, a sync client) still works without its .pyc: Python
 compiles it in memory when it is first imported.
+
+Every run reads CONFIG (the packaged edged.toml; none when it is not given) and none of the builder's own: the
+``EDGED_*`` variables of the caller's environment are dropped, and $EDGED_CONFIG names CONFIG (or an empty file),
+so that neither a builder's shell (EDGED_ALLOW_CONSOLE=false, say) nor an /etc/edged/edged.toml on the build
+machine changes what runs, or stops the survey.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,13 +92,38 @@ def _serve(edged: list[str], repository: str, state: Path, env: dict[str, str]) 
         daemon.wait(60)
 
 
+def survey_config(packaged: str, repository: str) -> str:
+    """The packaged configuration with ``repository`` in place of the device's (which the build machine need not
+    have: the file's repository is checked even where a flag replaces it)."""
+    # A JSON string is a TOML basic string for any path.
+    line = f"model_repository = [{json.dumps(str(Path(repository).absolute()))}]"
+    text, count = re.subn(r"^model_repository = .*$", lambda _: line, packaged, flags=re.MULTILINE)
+    if count != 1:
+        raise SystemExit("runtime_modules: the configuration sets no model_repository")
+    return text
+
+
+def survey_environment(environ: dict[str, str], config: Path, pycache_prefix: Path) -> dict[str, str]:
+    """The environment the survey runs edged in: the caller's without its EDGED_* settings, reading ``config``."""
+    env = {
+        key: value
+        for key, value in environ.items()
+        if not key.startswith("EDGED_") and key != "PYTHONDONTWRITEBYTECODE"
+    }
+    env["EDGED_CONFIG"] = str(config)
+    env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
+    return env
+
+
 def main() -> int:
     venv, repository = sys.argv[1:3]
     edged = [f"{venv}/bin/python", "-m", "edged"]
     with tempfile.TemporaryDirectory(prefix="edged-runtime-modules-") as tmp:
         prefix = Path(tmp, "pycache")
-        env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPYCACHEPREFIX"] = str(prefix)
+        config = Path(tmp, "edged.toml")
+        packaged = Path(sys.argv[3]).read_text(encoding="utf-8") if len(sys.argv) > 3 else ""
+        config.write_text(survey_config(packaged, repository) if packaged else "", encoding="utf-8")
+        env = survey_environment(dict(os.environ), config, prefix)
         for args in (["version"], ["--help"], ["config"], ["check-repo", repository]):
             _run(edged, args, env)
         _run(edged, ["token", "--state-dir", f"{tmp}/state", "list"], env)

@@ -273,7 +273,8 @@ def template() -> str:
         '# as a TOML array when one holds a colon: EDGED_LOAD_MODEL=a:b, EDGED_LOAD_MODEL=\'["a", "b"]\'.',
         "# Relative paths here are relative to this file's directory. `edged config` prints the effective values.",
         "#",
-        "# Each commented line shows the built-in default; uncomment it to change the value.",
+        "# Each commented line shows the built-in default; uncomment it to change the value. The lines that are set",
+        "# are the service's own choices; each names the default of `edged serve` that it replaces.",
     ]
     for option in OPTIONS:
         unset = f"; unset: {option.unset}" if option.default is None else ""
@@ -290,6 +291,7 @@ def template() -> str:
             ),
         ]
         if option.packaged is not None:
+            lines.append(f"# (edged serve's default: {option.literal(option.default)})")
             lines.append(f"{option.key} = {option.packaged}")
         elif option.default is None:
             lines.append(f'#{option.key} = ""')

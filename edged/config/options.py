@@ -89,7 +89,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "http-max-connections",
         "int",
         1024,
-        "most HTTP connections open at once; one more is answered 503 and closed",
+        "most HTTP connections open at once; at the limit a new one replaces the oldest that never sent a whole "
+        "request head, else the one idle longest; only when all are amid a request is it answered 503",
         low=1,
         metavar="N",
     ),
@@ -192,7 +193,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "grpc-max-connections",
         "int",
         1024,
-        "most gRPC connections open at once; more are closed at once (the client sees UNAVAILABLE)",
+        "most gRPC connections open at once; at the limit a new one replaces the oldest still in its handshake, "
+        "else the one idle longest (sent GOAWAY); only when all have a call open is it closed at once",
         low=1,
         metavar="N",
     ),
@@ -293,7 +295,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "trust-loopback",
         "bool",
         True,
-        "let clients on the loopback interface (tools on the device) call guarded APIs without a token",
+        "let clients on the loopback interface (tools on the device) call guarded APIs without a token, except "
+        "token management, uploads and loads with overrides (code the daemon would run)",
         metavar="BOOL",
     ),
     # TLS: gRPC with Triton's own flags, HTTP with flags of the same shape; the metrics port reuses HTTP's files.
@@ -392,6 +395,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "none: load every model at start; poll: also follow changes; explicit: the load/unload API decides",
         choices=("none", "poll", "explicit"),
         metavar="MODE",
+        # The service serves as scripts/run does: an upload (the console's among them) is activated without a
+        # restart, and the load API or the console loads a model copied in. The command line keeps Triton's default.
+        packaged='"explicit"',
     ),
     Option(
         "repository-poll-secs",
@@ -409,6 +415,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "explicit mode: a model to load at start (repeatable; '*' loads every model)",
         repeatable=True,
         metavar="NAME",
+        # With the packaged explicit mode: every model of the repository still loads at start, as under "none".
+        packaged='["*"]',
     ),
     Option(
         "state-dir",

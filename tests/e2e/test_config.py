@@ -410,14 +410,19 @@ def test_packaged_config_file_is_the_generated_template(tmp_path: Path) -> None:
 def test_template_lists_every_key_with_its_default() -> None:
     text = template()
     assert max(len(line) for line in text.splitlines()) <= 120
-    assert tomllib.loads(text) == {"model_repository": ["/var/lib/edged/models"]}
+    # The service's own values: its repository, and explicit model control with every model loaded at start (as
+    # scripts/run serves), so that an upload is activated without a restart.
+    packaged = {"model_repository": ["/var/lib/edged/models"], "model_control_mode": "explicit", "load_model": ["*"]}
+    assert tomllib.loads(text) == packaged
     uncommented = "\n".join(line.removeprefix("#") for line in text.splitlines() if not line.startswith("# "))
     values = tomllib.loads(uncommented)
     assert list(values) == [option.key for option in OPTIONS]
     for option in OPTIONS:
-        if option.key != "model_repository":
+        if option.key not in packaged:
             expected = "" if option.default is None else option.default
             assert values[option.key] == expected, option.key
+        else:  # the command line's default, which the set value replaces, is named above it
+            assert f"# (edged serve's default: {option.literal(option.default)})\n{option.key} = " in text
         assert option.env in text and option.flag in text
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from console_session import PASSWORD, http_login
 from server import REPO_ROOT
 
 import edged
@@ -44,6 +46,12 @@ COMMAND_TIMEOUT_S: Final = 300
 BUILD_TMP_MARKER: Final = "edged-packaging-test-tmp"
 PREFIX: Final = "/opt/edged"
 CONFFILE: Final = "/etc/edged/edged.toml"
+# A builder's shell may have these for an edged of its own; build-deb must build the same package despite them.
+BUILDER_EDGED_SETTINGS: Final = {
+    "EDGED_ALLOW_CONSOLE": "false",
+    "EDGED_HTTP_PORT": "1",
+    "EDGED_CONFIG": "/nonexistent/edged.toml",
+}
 # What the package ships from this checkout, byte for byte: checkout path -> installed path.
 SHIPPED: Final = {
     "systemd/edged.service": "/lib/systemd/system/edged.service",
@@ -115,6 +123,9 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deb]:
 def _build_env(tmp: Path, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
+        # The builder's own edged settings reach neither the build nor its survey of what edged imports, which runs
+        # the daemon with the packaged configuration (a console turned off there used to fail the build).
+        **BUILDER_EDGED_SETTINGS,
         "TMPDIR": str(tmp),
         "EDGED_WHEELHOUSE": os.environ.get("EDGED_WHEELHOUSE", str(CACHE / "edged-wheelhouse")),
         "EDGED_DEB_COMPRESSION": "none",
@@ -254,6 +265,23 @@ def test_wheel_holds_the_web_assets(tmp_path: Path) -> None:
     assert found.read_bytes() == (REPO_ROOT / "web/static/vendor/MANIFEST.json").read_bytes()
 
 
+def test_the_import_survey_ignores_the_builders_edged_settings() -> None:
+    """packaging/runtime_modules.py, the step of build-deb that runs edged to find what to precompile, serves the
+    bundled repository on the packaged configuration whatever EDGED_* settings its caller has; this checkout's
+    virtualenv stands in for the package's."""
+    survey = _run(
+        sys.executable,
+        str(REPO_ROOT / "packaging/runtime_modules.py"),
+        sys.prefix,
+        str(REPO_ROOT / "model_repository"),
+        str(REPO_ROOT / "packaging/edged.toml"),
+        env={**os.environ, **BUILDER_EDGED_SETTINGS},
+    )
+    imported = _ok(survey).splitlines()
+    # Jinja2 renders the console's login page: the console ran although the caller's setting turns it off.
+    assert any("/site-packages/jinja2/" in name for name in imported), imported
+
+
 def test_no_build_path_in_the_package(deb: Deb) -> None:
     assert deb.leaked == []
     assert deb.read(f"{PREFIX}/bin/edged").startswith(f"#!{PREFIX}/bin/python".encode())
@@ -346,6 +374,7 @@ def test_installs_runs_and_purges_in_a_debian_root(deb: Deb, debian_root: Path) 
     # one (the package compiles only what runs): running edged as root compiled nothing new.
     written = _ok(_in_root(root, "find", PREFIX, "-newer", "/tmp/before-run"))
     assert written == ""
+    _serve_packaged_in_root(root)
 
     # postinst: the user and directories of the sysusers.d / tmpfiles.d snippets (here through adduser and
     # install -d: the root has no systemd), and the unit enabled through deb-systemd-helper.
@@ -416,6 +445,69 @@ def _serve_in_root(root: Path) -> None:
     finally:
         _stop_in_root(unshare)
     assert _status(f"http://127.0.0.1:{http}/v2/health/live") == 0, log_path.read_text(errors="replace")
+    assert unshare.returncode == 0, log_path.read_text(errors="replace")
+
+
+def _serve_packaged_in_root(root: Path) -> None:
+    """The daemon as the unit starts it (its ExecStart, as the edged user, with systemd's $STATE_DIRECTORY) on the
+    packaged configuration, which the environment changes only in its ports (as a drop-in's Environment= would): it
+    loads the repository's models at start, and a model uploaded through the console (its form's request: a login,
+    the CSRF token, ?activate=true) is serving at once, without a restart."""
+    unit = (REPO_ROOT / "systemd/edged.service").read_text(encoding="utf-8").splitlines()
+    exec_start = next(line.partition("=")[2] for line in unit if line.startswith("ExecStart=")).split()
+    repository = root / "var/lib/edged/models"
+    shutil.copytree(root / "usr/share/edged/model_repository/add_sub", repository / "add_sub")
+    (root / "tmp/password").write_text(f"{PASSWORD}\n")
+    as_edged = ["setpriv", "--reuid=edged", "--regid=edged", "--init-groups", "env", "STATE_DIRECTORY=/var/lib/edged"]
+    _ok(_in_root(root, "chown", "-R", "edged:edged", "/var/lib/edged/models"))
+    create = "edged admin create --name otto --role operator --password-stdin </tmp/password"
+    _ok(_in_root(root, *as_edged, "sh", "-c", create))
+
+    http, grpc, metrics, console = (_free_port() for _ in range(4))
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/var/lib/edged"}
+    env |= {"EDGED_HTTP_PORT": str(http), "EDGED_GRPC_PORT": str(grpc), "EDGED_METRICS_PORT": str(metrics)}
+    env["EDGED_CONSOLE_PORT"] = str(console)
+    command = ["unshare", "--mount", "--pid", "--fork", "--kill-child=SIGTERM", f"--mount-proc={root}/proc"]
+    command += ["chroot", str(root), *as_edged, *exec_start]
+    log_path = root / "tmp/edged-packaged.log"
+    with log_path.open("wb") as log_file:
+        unshare = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    try:
+        deadline = time.monotonic() + 60
+        while _status(f"http://127.0.0.1:{http}/v2/health/ready") != 200:
+            assert unshare.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.2)
+        assert _status(f"http://127.0.0.1:{http}/v2/models/add_sub/ready") == 200  # loaded at start
+
+        config = (REPO_ROOT / "model_repository/add_sub/config.pbtxt").read_text()
+        archive = io.BytesIO()
+        with zipfile.ZipFile(archive, "w") as folder:
+            folder.writestr("uploaded/config.pbtxt", config.replace('name: "add_sub"', 'name: "uploaded"'))
+            folder.write(REPO_ROOT / "model_repository/add_sub/1/model.onnx", "uploaded/1/model.onnx")
+        session = http_login(console, "otto")
+        headers = {"Content-Type": "application/zip", "X-CSRF-Token": session.csrf_token}
+        status, _, text = session.request("POST", "/models/uploaded/upload?activate=true", archive.getvalue(), headers)
+        assert status == 200, f"{text}\n{log_path.read_text(errors='replace')}"
+        answer = json.loads(text)
+        assert (answer["version"], answer["loaded"], answer["error"]) == (1, True, None), answer
+        # In the repository, where a restart finds it: the packaged repository lies in the state directory, beside
+        # edged's own folders there, and activating the upload must not take its folder away.
+        found = "\n".join(sorted(str(path.relative_to(repository)) for path in repository.rglob("*")))
+        assert (repository / "uploaded/1/model.onnx").is_file(), f"the repository holds:\n{found}"
+        body = {
+            "inputs": [
+                {"name": n, "shape": [1, 16], "datatype": "FP32", "data": [3.0] * 16} for n in ("INPUT0", "INPUT1")
+            ]
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http}/v2/models/uploaded/infer", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            outputs = {output["name"]: output["data"] for output in json.load(reply)["outputs"]}
+        assert outputs == {"OUTPUT0": [6.0] * 16, "OUTPUT1": [0.0] * 16}
+        assert unshare.poll() is None, "the daemon stopped"
+    finally:
+        _stop_in_root(unshare)
     assert unshare.returncode == 0, log_path.read_text(errors="replace")
 
 

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -625,6 +626,29 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     # verify exits 0 even for unknown keys and bad values, which it only reports: its output must be empty too.
     assert result.returncode == 0, result.stderr
     assert result.stdout + result.stderr == ""
+
+
+def test_every_flag_the_unit_and_the_packaging_name_is_one_edged_serve_accepts() -> None:
+    """The unit's comments, the packaged configuration, the container's command and scripts/run tell operators of
+    `edged serve` flags: each one named must be a flag that `edged serve --help` lists."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "edged", "serve", "--help"], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+    ).stdout
+    flag = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+    accepted = set(flag.findall(help_text))
+    assert {"--model-control-mode", "--load-model", "--backend-config"} <= accepted
+    dockerfile = (REPO_ROOT / "packaging/Dockerfile").read_text(encoding="utf-8").splitlines()
+    texts = {
+        "systemd/edged.service": (SYSTEMD_DIR / "edged.service").read_text(encoding="utf-8"),
+        "packaging/edged.toml": (REPO_ROOT / "packaging/edged.toml").read_text(encoding="utf-8"),
+        # Only its command: the rest names docker's flags.
+        "packaging/Dockerfile": "\n".join(line for line in dockerfile if line.startswith('CMD ["serve"')),
+        "scripts/run": (REPO_ROOT / "scripts/run").read_text(encoding="utf-8"),
+    }
+    for name, text in texts.items():
+        named = set(flag.findall(text))
+        assert named, f"{name} names no flag: the check would be blind"
+        assert named <= accepted, f"{name} names flags edged serve refuses: {sorted(named - accepted)}"
 
 
 def test_the_unit_verify_check_sees_mistakes(tmp_path: Path) -> None:
