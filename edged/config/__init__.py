@@ -291,7 +291,8 @@ def template() -> str:
             ),
         ]
         if option.packaged is not None:
-            lines.append(f"# (edged serve's default: {option.literal(option.default)})")
+            default = "unset" if option.default is None else option.literal(option.default)
+            lines.append(f"# (edged serve's default: {default})")
             lines.append(f"{option.key} = {option.packaged}")
         elif option.default is None:
             lines.append(f'#{option.key} = ""')

@@ -425,6 +425,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "where the state database and private model copies live",
         metavar="DIR",
         unset="$STATE_DIRECTORY, /var/lib/edged under systemd, else $XDG_STATE_HOME/edged or ~/.local/state/edged",
+        # Named, so that `edged token` and `edged admin`, run from a shell, find the service's database through
+        # this file as the service does through $STATE_DIRECTORY.
+        packaged='"/var/lib/edged"',
     ),
     Option(
         "history-per-model",

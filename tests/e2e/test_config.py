@@ -412,7 +412,13 @@ def test_template_lists_every_key_with_its_default() -> None:
     assert max(len(line) for line in text.splitlines()) <= 120
     # The service's own values: its repository, and explicit model control with every model loaded at start (as
     # scripts/run serves), so that an upload is activated without a restart.
-    packaged = {"model_repository": ["/var/lib/edged/models"], "model_control_mode": "explicit", "load_model": ["*"]}
+    # The state directory is named so that `edged token` and `edged admin` find the service's database.
+    packaged = {
+        "model_repository": ["/var/lib/edged/models"],
+        "model_control_mode": "explicit",
+        "load_model": ["*"],
+        "state_dir": "/var/lib/edged",
+    }
     assert tomllib.loads(text) == packaged
     uncommented = "\n".join(line.removeprefix("#") for line in text.splitlines() if not line.startswith("# "))
     values = tomllib.loads(uncommented)
@@ -422,7 +428,8 @@ def test_template_lists_every_key_with_its_default() -> None:
             expected = "" if option.default is None else option.default
             assert values[option.key] == expected, option.key
         else:  # the command line's default, which the set value replaces, is named above it
-            assert f"# (edged serve's default: {option.literal(option.default)})\n{option.key} = " in text
+            default = "unset" if option.default is None else option.literal(option.default)
+            assert f"# (edged serve's default: {default})\n{option.key} = " in text
         assert option.env in text and option.flag in text
 
 

@@ -257,7 +257,9 @@ class ModelController:
         """Bring the named models in line with their folders after the repository changed under them (a sync's
         switch): a changed model is reloaded (its new versions load beside the serving ones, so no request fails),
         one whose folder is gone is unloaded, a new one is loaded unless the mode is explicit, where the repository
-        API alone decides what is served. Returns, for each model acted on, None when it serves, else why not."""
+        API decides what is served, and --load-model: a new model it names (or '*', every model) loads too, as a
+        device that syncs its first revision after the start loads what it would have loaded at the start. Returns,
+        for each model acted on, None when it serves, else why not."""
         scan = await self._scan()
         outcomes: dict[str, str | None] = {}
         removed = sorted(name for name in set(names) if name not in scan.models)
@@ -269,7 +271,9 @@ class ModelController:
                 outcomes[name] = None
         for name in (name for group in ensembles_last(present, scan) for name in group):
             entry = self._manager.entry(name)
-            if self.mode is ControlMode.EXPLICIT and (entry is None or not entry.wanted):
+            if self.mode is ControlMode.EXPLICIT and not (
+                entry.wanted if entry is not None else {"*", name} & set(self._options.startup_models)
+            ):
                 continue
             try:
                 await self._load(name, origin)
