@@ -49,6 +49,14 @@ class EdgedError(Exception):
         return f"EdgedError({self.code.name}, {self.message!r})"
 
 
+class AnsweredError(EdgedError):
+    """An error a model answered a request with (a response that carries an error), as opposed to an execution
+    that failed. Triton counts such a request a success (its execution ended and the model answered), and the
+    statistics do the same; the metrics history counts it among the errors its client saw."""
+
+    __slots__ = ()
+
+
 def invalid_arg(message: str) -> EdgedError:
     return EdgedError(ErrorCode.INVALID_ARG, message)
 

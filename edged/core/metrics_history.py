@@ -7,7 +7,8 @@ per model (its versions summed): request and error rates, mean queue and compute
 latency (from the statistics' latency buckets), the mean batch size and executions by batch size; the rate of
 errors answered for no served model (UnroutedErrors); and the device's CPU utilization, memory and GPUs, as a reader
 the daemon gives it sees them. Errors are every error a client was answered: Triton's failures and the refusals it
-does not count (ModelStatistics.refused: a missing input, a full queue ...), which count as requests too. Points
+does not count (ModelStatistics.refused: a missing input, a full queue ...), which count as requests too, and the
+successes whose client got an error (ModelStatistics.answered_errors: an error the model answered with). Points
 live in fixed-size arrays (a ring of ``capacity`` points), so memory is bounded whatever the traffic. A version
 whose statistics are new (it was (re)loaded) or whose counters went down counts from zero: a reload never makes a
 negative rate.
@@ -81,7 +82,7 @@ class _Reading:
         return cls(
             stats,
             stats.success.count + stats.fail.count + stats.refused,
-            stats.fail.count + stats.refused,
+            stats.fail.count + stats.refused + stats.answered_errors,
             stats.queue.count,
             stats.queue.ns,
             stats.compute_infer.count,

@@ -326,9 +326,10 @@ class InferenceService:
         return await self._infer(request, model)
 
     async def _infer(self, request: InferRequest, model: ModelVersion) -> InferResponse:
-        # Every error that leaves here is counted once: by the scheduler (a failure, or a refusal it made) from
-        # the moment it has the request until the model succeeded, else here as the version's refusal.
-        scheduled = False
+        # Every error that leaves here is counted once: by the scheduler (a failure, a refusal it made, or an error
+        # the model answered with) from the moment it has the request until the model succeeded, else here: as the
+        # version's refusal before that, as an answered error after it.
+        scheduled = succeeded = False
         held = None
         try:
             if _is_decoupled(model):
@@ -344,7 +345,7 @@ class InferenceService:
             result = await scheduler.enqueue(request)
             if isinstance(result, EdgedError):
                 raise result
-            scheduled = False  # counted as a success: an error from here on is counted as a refusal
+            scheduled, succeeded = False, True  # counted as a success: an error from here on is an answered one
             if result is None:
                 raise EdgedError(ErrorCode.INTERNAL, f"model '{model.name}' returned no response")
             if request.outputs is not None:
@@ -355,7 +356,10 @@ class InferenceService:
                     )
             return result
         except Exception:
-            if not scheduled:
+            if succeeded:
+                if model.stats is not None:
+                    model.stats.record_answered_error()
+            elif not scheduled:
                 self._count_refusal(model)
             raise
         finally:
@@ -408,11 +412,11 @@ class InferenceService:
 
     def _stream_erred(self, model: ModelVersion, execution: asyncio.Future[InferResponse | EdgedError | None]) -> None:
         """A decoupled request's stream carried an error: the scheduler counted it if the execution failed; if the
-        execution counts as a success (the model sent the error), it is counted here, once, as the version's
-        refusal."""
+        execution counts as a success (the model sent the error), it is counted here, once, as an answered error."""
         if execution.cancelled() or execution.exception() is not None or isinstance(execution.result(), EdgedError):
             return
-        self._count_refusal(model)
+        if model.stats is not None:
+            model.stats.record_answered_error()
 
     def _record(self, request: InferRequest | None, handle: ModelHandle | None) -> ModelVersion:
         """The version the request goes to: the frontend's handle, or (a call from a model or a frontend worker)

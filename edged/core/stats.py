@@ -100,9 +100,12 @@ class ModelStatistics:
     # Requests the scheduler holds that no instance has started yet (Triton's pending request count).
     pending: int = 0
     # Requests answered with an error that neither ``success`` nor ``fail`` counts: refused before a scheduler
-    # queued them (a bad input, an undecodable body, a full queue, a sequence without its correlation ID), or
-    # failing after the model succeeded (a requested output missing, a response that cannot be encoded).
+    # queued them (a bad input, an undecodable body, a full queue, a sequence without its correlation ID).
     refused: int = 0
+    # Requests ``success`` counts whose client was answered an error all the same: the model answered with an error
+    # (Triton counts that a success), or the answer failed after the model succeeded (a requested output missing,
+    # a response that cannot be encoded). Errors, not more requests, for the history.
+    answered_errors: int = 0
     # Successful requests by end-to-end duration (LATENCY_BUCKETS, cumulative).
     latency: list[int] = field(default_factory=lambda: [0] * LATENCY_BUCKETS, repr=False, compare=False)
     # Told of every successful request when the metrics keep per-request observations (latency summaries, the
@@ -150,6 +153,10 @@ class ModelStatistics:
         """A request answered with an error that success and fail do not count (see ``refused``). Triton's
         ``last_inference`` stays: Triton does not move it for such a request either."""
         self.refused += 1
+
+    def record_answered_error(self) -> None:
+        """A request counted as a success whose client was answered an error (see ``answered_errors``)."""
+        self.answered_errors += 1
 
 
 @dataclass(slots=True)

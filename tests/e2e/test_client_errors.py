@@ -13,7 +13,10 @@ one request over HTTP and one over gRPC per case, with tritonclient, before and 
 - a body that is not JSON: 500, counted nowhere;
 - a model that raises in ``execute``: 500 / INTERNAL, ``nv_inference_request_failure{reason="BACKEND"}`` +1 and
   ``nv_inference_exec_count`` +1 a request, ``inference_stats.fail`` +1 and ``execution_count`` +1;
-  ``nv_inference_count`` and ``success`` unchanged.
+  ``nv_inference_count`` and ``success`` unchanged;
+- a model that answers with an error response (``InferenceResponse(error=...)``, misbehave's ``error_response``):
+  the response's code (404 / NOT_FOUND here), counted as a success: ``nv_inference_request_success``,
+  ``nv_inference_count`` and ``nv_inference_exec_count`` +1 a request, ``inference_stats.success`` +1.
 
 What the operator watches counts every one of them: ``/v2/edged/metrics/history`` (each model's ``error_rate``,
 which counts them as requests too, and the device-wide ``unknown_model_error_rate`` for no served model), and from
@@ -109,6 +112,15 @@ def _raises(client: httpclient.InferenceServerClient | grpcclient.InferenceServe
     with pytest.raises(InferenceServerException) as caught:
         client.infer(RAISES, [tensor])
     assert caught.value.status() in ("500", "StatusCode.INTERNAL"), caught.value
+
+
+def _answers_an_error(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient) -> None:
+    module: Any = httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
+    tensor = module.InferInput("MODE", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([b"error_response"], dtype=np.object_))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(RAISES, [tensor])
+    assert caught.value.status() in ("404", "StatusCode.NOT_FOUND"), caught.value
 
 
 def _not_json(connection: http.client.HTTPConnection) -> None:
@@ -235,12 +247,30 @@ def test_bad_requests_count_as_triton_counts_them_and_show_in_the_history(daemon
     assert raised_stats["success"] == raises_stats_before["success"]
     assert raised_stats["inference_count"] == raises_stats_before["inference_count"]
 
+    # An error the model answers with is a success to Triton: its execution ended and the model answered.
+    answered_before, answered_stats_before = _nv(daemon, RAISES), _stats(daemon, RAISES)
+    with (
+        httpclient.InferenceServerClient(daemon.http_url) as http_client,
+        grpcclient.InferenceServerClient(daemon.grpc_url) as grpc_client,
+    ):
+        _answers_an_error(http_client)
+        _answers_an_error(grpc_client)
+    answered = _nv(daemon, RAISES)
+    for key in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count"):
+        assert answered[key] - answered_before[key] == 2, key
+    for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+        key = f"nv_inference_request_failure:{reason}"
+        assert answered[key] == answered_before[key]
+    answered_stats = _stats(daemon, RAISES)
+    assert answered_stats["success"] - answered_stats_before["success"] == 2
+    assert answered_stats["fail"] == answered_stats_before["fail"]
+
     # The history: every error a client saw, as a request of its model and an error; unknown models device-wide.
     refused = 2 * N + 1
-    expected = {f"{MODEL} requests": refused, f"{MODEL} errors": refused, f"{RAISES} errors": 2, "unknown errors": 2}
+    expected = {f"{MODEL} requests": refused, f"{MODEL} errors": refused, f"{RAISES} errors": 4, "unknown errors": 2}
     counts = _wait_for_counts(daemon, since, expected)
     assert {key: counts.get(key) for key in expected} == expected, counts
-    assert counts[f"{RAISES} requests"] == 2, counts
+    assert counts[f"{RAISES} requests"] == 4, counts
 
 
 @contextlib.contextmanager

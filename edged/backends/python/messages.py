@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from edged.backends.python.wire import ipc
 from edged.core.request.inference import InferOutput, InferResponse
-from edged.errors import EdgedError, ErrorCode
+from edged.errors import AnsweredError, EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from edged.backends.python.model_state import ModelState
@@ -71,7 +71,7 @@ def read_response(
     failure = spec.get("error")
     if failure is not None:
         code = ErrorCode.__members__.get(str(failure.get("code")), ErrorCode.INTERNAL)
-        return EdgedError(code, state.for_client(str(failure.get("msg", ""))))
+        return AnsweredError(code, state.for_client(str(failure.get("msg", ""))))
     model = state.config.name
     outputs: list[InferOutput] = []
     for desc in spec.get("outputs", []):

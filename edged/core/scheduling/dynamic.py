@@ -40,7 +40,7 @@ from edged.core.scheduling.scheduler import (
     leave_instances,
 )
 from edged.core.stats import ExecutionTiming, FailureReason
-from edged.errors import EdgedError, ErrorCode
+from edged.errors import AnsweredError, EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -354,12 +354,14 @@ class DynamicBatcher:
         now = time.monotonic_ns()
         for entry, result in zip(batch, results, strict=True):
             request = entry.request
-            if isinstance(result, EdgedError):
+            if isinstance(result, EdgedError) and not isinstance(result, AnsweredError):
                 reason = FailureReason.CANCELED if request.cancelled else FailureReason.BACKEND
                 self._stats.record_failure(now - request.arrival_ns, reason)
             else:
                 queued = started - request.arrival_ns
                 self._stats.record_success(request.batch_size, now - request.arrival_ns, queued, timing)
+                if isinstance(result, AnsweredError):
+                    self._stats.record_answered_error()
             self._settle(entry, result)
         if not (self._leaving and instance_left(self._leaving, instance)):
             self._free.append(instance)

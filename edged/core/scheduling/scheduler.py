@@ -22,7 +22,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from edged.core.stats import ExecutionTiming, FailureReason
-from edged.errors import EdgedError, ErrorCode
+from edged.errors import AnsweredError, EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -98,10 +98,12 @@ class DirectScheduler:
             result = (await self._run(instance, request, timing, finished))[0]
         self._stats.record_execution(request.batch_size, timing)
         request_ns = time.monotonic_ns() - request.arrival_ns
-        if isinstance(result, EdgedError):
+        if isinstance(result, EdgedError) and not isinstance(result, AnsweredError):
             self._stats.record_failure(request_ns, _reason(request))
         else:
             self._stats.record_success(request.batch_size, request_ns, queued_ns, timing)
+            if isinstance(result, AnsweredError):
+                self._stats.record_answered_error()
         return result
 
     async def _run(

@@ -41,7 +41,7 @@ import numpy as np
 from edged.core.request.inference import InferInput, InferRequest
 from edged.core.scheduling.scheduler import BatchRunner
 from edged.core.stats import ExecutionTiming, FailureReason
-from edged.errors import EdgedError, ErrorCode
+from edged.errors import AnsweredError, EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import DataType, ModelSequenceBatching
 
 if TYPE_CHECKING:
@@ -492,11 +492,13 @@ class SequenceBatcher:
                 else:
                     self._run_again(sequence, pending, now)
                     continue
-            if isinstance(result, EdgedError):
+            if isinstance(result, EdgedError) and not isinstance(result, AnsweredError):
                 reason = FailureReason.CANCELED if request.cancelled else FailureReason.BACKEND
                 self._stats.record_failure(now - request.arrival_ns, reason)
             else:
-                if result is not None and self._states:
+                if isinstance(result, AnsweredError):
+                    self._stats.record_answered_error()
+                elif result is not None and self._states:
                     self._keep_state(sequence, result)
                 self._stats.record_success(1, now - request.arrival_ns, started - request.arrival_ns, timing)
             if (pending.end or self._iterative) and not sequence.pending:
