@@ -105,22 +105,24 @@ def _unknown_model(client: httpclient.InferenceServerClient | grpcclient.Inferen
     assert caught.value.status() in ("404", "StatusCode.NOT_FOUND"), caught.value
 
 
-def _raises(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient) -> None:
+def _misbehave(
+    client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient, mode: bytes, statuses: tuple[str, str]
+) -> None:
+    """A request to misbehave in ``mode``, answered with one of ``statuses`` (HTTP's, gRPC's)."""
     module: Any = httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
     tensor = module.InferInput("MODE", [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([b"raise"], dtype=np.object_))
+    tensor.set_data_from_numpy(np.array([mode], dtype=np.object_))
     with pytest.raises(InferenceServerException) as caught:
         client.infer(RAISES, [tensor])
-    assert caught.value.status() in ("500", "StatusCode.INTERNAL"), caught.value
+    assert caught.value.status() in statuses, caught.value
+
+
+def _raises(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient) -> None:
+    _misbehave(client, b"raise", ("500", "StatusCode.INTERNAL"))
 
 
 def _answers_an_error(client: httpclient.InferenceServerClient | grpcclient.InferenceServerClient) -> None:
-    module: Any = httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
-    tensor = module.InferInput("MODE", [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([b"error_response"], dtype=np.object_))
-    with pytest.raises(InferenceServerException) as caught:
-        client.infer(RAISES, [tensor])
-    assert caught.value.status() in ("404", "StatusCode.NOT_FOUND"), caught.value
+    _misbehave(client, b"error_response", ("404", "StatusCode.NOT_FOUND"))
 
 
 def _not_json(connection: http.client.HTTPConnection) -> None:
