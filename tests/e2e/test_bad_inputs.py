@@ -131,6 +131,8 @@ class TritonPythonModel:
             while sent < count and not request.is_cancelled():
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", block)]))
                 sent += 1
+            if request.is_cancelled():
+                pb_utils.Logger.log_info(f"request '{request.request_id()}' cancelled after {sent} responses")
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
@@ -162,8 +164,11 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
-# A Python model that takes its time: an answer still owed while the client pipelines the next request.
+# A Python model that answers once the test lets it (the file its request's parameter "release" names, logged when it
+# begins to wait): an answer still owed while the client pipelines the next request, for as long as the test needs.
 SLEEPER_MODEL: Final = """
+import json
+import os
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -171,7 +176,13 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        time.sleep(0.5)
+        for request in requests:
+            release = json.loads(request.parameters()).get("release")
+            if release:
+                pb_utils.Logger.log_info(f"sleeper holds its answer until {release} exists")
+                deadline = time.monotonic() + 60  # only ends a test that failed
+                while not os.path.exists(release) and time.monotonic() < deadline:
+                    time.sleep(0.01)
         return [
             pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
             for r in requests
@@ -549,6 +560,32 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     return answer
 
 
+def _read_one_response(sock: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response with a Content-Length (and whatever came after it in the same reads)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        data = sock.recv(65536)
+        assert data, f"the connection closed within a response: {answer!r}"
+        answer += data
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:] if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        data = sock.recv(65536)
+        assert data, f"the connection closed within a response: {answer!r}"
+        answer += data
+        body += data
+    return answer
+
+
+def _wait_for_log(server: Server, text: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"'{text}' never appeared in the daemon's log"
+        time.sleep(0.05)
+
+
 class TestChunkFloods:
     CHUNKED: Final = {"Transfer-Encoding": "chunked", "Content-Type": "application/json"}
 
@@ -578,21 +615,32 @@ class TestChunkFloods:
         assert (status, closed) == (400, True), answer[:300]
         assert f"more than {FEW_CHUNKS} chunks".encode() in answer
 
-    def test_a_pipelined_request_is_refused_in_its_turn(self, few_chunks: Server) -> None:
-        slow = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
+    def test_a_pipelined_request_is_refused_in_its_turn(self, few_chunks: Server, tmp_path: Path) -> None:
+        release = tmp_path / "release"
+        slow = json.dumps(
+            {
+                "parameters": {"release": str(release)},
+                "inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [1.0]}],
+            }
+        ).encode()
         first = b"POST /v2/models/sleeper/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
             len(slow),
             slow,
         )
         second = b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
         chunks = [b"1\r\n%s\r\n" % bytes([byte]) for byte in _good_request()]
-        with socket.create_connection(("127.0.0.1", few_chunks.http_port), timeout=10) as sock:
-            # The second request is over the limit while the first one's answer is still owed ...
-            sock.sendall(first + second + b"".join(chunks[: FEW_CHUNKS + 4]))
-            time.sleep(1.5)
+        with socket.create_connection(("127.0.0.1", few_chunks.http_port), timeout=60) as sock:
+            try:
+                # The second request is over the limit while the first one's answer is still owed (the model holds
+                # it until the test lets it go) ...
+                sock.sendall(first + second + b"".join(chunks[: FEW_CHUNKS + 4]))
+                _wait_for_log(few_chunks, f"sleeper holds its answer until {release} exists")
+            finally:
+                release.touch()
             # ... and is refused once that answer is out, as the rest of its body arrives.
+            answer = _read_one_response(sock)
             sock.sendall(b"".join(chunks[FEW_CHUNKS + 4 :]) + b"0\r\n\r\n")
-            answer = _read_until_closed(sock)
+            answer += _read_until_closed(sock)
         assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
         assert answer.count(b"HTTP/1.1 ") == 2, answer
         refusal = answer[answer.index(b"HTTP/1.1 ", 1) :]
@@ -759,10 +807,18 @@ class TestConfigPathFields:
 # 17. unbounded response queues: a stream whose client stops reading while a decoupled model answers on
 
 
-def _peak_rss_until_steady(server: Server, steady_s: float = 1.5, at_most_s: float = 10.0) -> int:
-    """The daemon's largest RSS until it has grown by less than 1 MiB for ``steady_s``."""
-    start = time.monotonic()
+def _peak_rss_until_steady(
+    server: Server, after: Callable[[], bool], steady_s: float = 1.5, at_most_s: float = 10.0
+) -> int:
+    """The daemon's largest RSS until ``after()`` holds (waited for up to a minute) and from then until it has
+    grown by less than 1 MiB for ``steady_s``."""
     peak = _rss_bytes(server)
+    deadline = time.monotonic() + 60
+    while not after():
+        assert time.monotonic() < deadline, "timed out waiting for what the RSS is measured through"
+        time.sleep(0.1)
+        peak = max(peak, _rss_bytes(server))
+    start = time.monotonic()
     steady_since = start
     while time.monotonic() - start < at_most_s and time.monotonic() - steady_since < steady_s:
         time.sleep(0.1)
@@ -790,9 +846,12 @@ class TestStreamBacklog:
         before = _rss_bytes(site.server)
         with grpc.insecure_channel(site.server.grpc_url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            # The response iterator is never advanced: the client reads nothing, so flow control fills at once.
+            # The response iterator is never advanced: the client reads nothing, so flow control fills at once,
+            # then the stream's bound: the daemon cancels the request, and the model says it saw that.
             replies = stub.ModelStreamInfer(iter([_flood_request(count, size, "flood-1")]))
-            peak = _peak_rss_until_steady(site.server)
+            peak = _peak_rss_until_steady(
+                site.server, after=lambda: "request 'flood-1' cancelled after " in site.server.log()
+            )
             # Meanwhile the daemon serves everyone else.
             assert_grpc_still_serving(grpc_client)
             assert_still_serving(client)

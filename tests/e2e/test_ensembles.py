@@ -54,7 +54,11 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("LABEL", labels)]))
         return responses
 """
+# A branch of "branches" (sleep_a or sleep_b): it marks that it began (a file "began" in its model folder) and ends
+# only once the other branch has begun too, so the two overlap on any machine; run one after the other, the first
+# waits out a deadline, and the test fails.
 SLEEP: Final = """
+import os
 import time
 
 import numpy as np
@@ -62,11 +66,19 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        other = "sleep_b" if args["model_name"] == "sleep_a" else "sleep_a"
+        self.began = os.path.join(args["model_repository"], "began")
+        self.other_began = os.path.join(os.path.dirname(args["model_repository"]), other, "began")
+
     def execute(self, requests):
         responses = []
         for request in requests:
             started = time.monotonic()
-            time.sleep(0.5)
+            open(self.began, "w").close()
+            deadline = started + 20
+            while not os.path.exists(self.other_began) and time.monotonic() < deadline:
+                time.sleep(0.01)
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             span = np.array([[started, time.monotonic()]], dtype=np.float64)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x), pb_utils.Tensor("SPAN", span)]))
@@ -222,7 +234,7 @@ BROKEN: Final[dict[str, tuple[str, str]]] = {
 
 
 @pytest.fixture(scope="module")
-def ensemble_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def ensemble_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("ensembles")
     modelgen.write_add_sub(repo / "add_sub", max_batch_size=8)
     _python_model(
@@ -265,7 +277,12 @@ def ensemble_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     _ensemble(repo, "nested", NESTED)
     for name, (config, _) in BROKEN.items():
         _ensemble(repo, name, config)
-    with run_server([repo], "--model-control-mode=explicit", "--load-model=*") as server:
+    return repo
+
+
+@pytest.fixture(scope="module")
+def ensemble_server(ensemble_repository: Path) -> Iterator[Server]:
+    with run_server([ensemble_repository], "--model-control-mode=explicit", "--load-model=*") as server:
         yield server
 
 
@@ -293,8 +310,10 @@ def test_a_pipeline_of_python_and_onnx_steps(ensemble_server: Server) -> None:
     assert grpc.infer("pipeline", [tensor]).as_numpy("LABEL")[0, 0] == b"total 194"
 
 
-def test_independent_steps_run_at_once(ensemble_server: Server) -> None:
+def test_independent_steps_run_at_once(ensemble_server: Server, ensemble_repository: Path) -> None:
     client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    for name in ("sleep_a", "sleep_b"):
+        (ensemble_repository / name / "began").unlink(missing_ok=True)
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
     tensor = httpclient.InferInput("X", [1, 16], "FP32")
     tensor.set_data_from_numpy(x)

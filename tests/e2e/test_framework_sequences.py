@@ -6,6 +6,7 @@ their requests interleaved, each in its own batch slot of the Direct strategy; e
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,16 @@ import pytest
 import tensorflow as tf
 import torch
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from server import Server, run_server
+
+# How long a model's load may take: a bound no machine reaches, never a measurement.
+LOAD_S = 600.0
 
 
 def _config(kind: str, output: str) -> str:
-    """One FP32 input ``value`` and one FP32 output, with the control inputs START and CORRID (INT64)."""
+    """One FP32 input ``value`` and one FP32 output, with the control inputs START and CORRID (INT64). The idle time
+    is a minute: only their END ends the sequences, however long a framework's first run takes."""
     return f"""
 {kind}
 max_batch_size: 4
@@ -29,7 +35,7 @@ input [{{ name: "value", data_type: TYPE_FP32, dims: [ 1 ] }}]
 output [{{ name: "{output}", data_type: TYPE_FP32, dims: [ 1 ] }}]
 sequence_batching {{
   direct {{ }}
-  max_sequence_idle_microseconds: 5000000
+  max_sequence_idle_microseconds: 60000000
   control_input [
     {{ name: "start" control [ {{ kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] }} ] }},
     {{ name: "corrid" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT64 }} ] }}
@@ -115,8 +121,20 @@ def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     (repository / "openvino_seq" / "config.pbtxt").write_text(
         _config('backend: "openvino"', "marked"), encoding="utf-8"
     )
-    with run_server([repository]) as server:
+    # Loaded one by one once the daemon is up, each load waited for as long as its framework takes (TensorFlow's
+    # and PyTorch's first load are long on a busy machine), rather than within the daemon's start.
+    with run_server([repository], "--model-control-mode=explicit") as server:
+        client = httpclient.InferenceServerClient(server.http_url, connection_timeout=LOAD_S, network_timeout=LOAD_S)
+        for model in ("torch_seq", "tf_seq", "openvino_seq"):
+            client.load_model(model)
+        client.close()
         yield server
+        # The daemon stops at once, but its process ends only once Python has let go of TensorFlow and PyTorch, which
+        # takes seconds, many more on a busy machine: waited for here for as long as it takes (run_server then
+        # checks how it ended), not within the few seconds it gives a daemon that hangs.
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(LOAD_S)
+        assert "edged stopped" in server.log()
 
 
 def _send(client: grpcclient.InferenceServerClient, model: str, output: str, value: float, sequence: int,

@@ -26,29 +26,40 @@ def _history(server: Server, query: str = "") -> dict[str, Any]:
     return document
 
 
-def _wait_for_points(server: Server, since: float, count: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 15
+def _wait_for_points(server: Server, since: float, count: int = 1, after: float | None = None) -> dict[str, Any]:
+    """The history since ``since`` once it has ``count`` points, and one taken after the wall-clock time ``after``
+    when given (points come once a second: a minute is a bound, never a measurement)."""
+    deadline = time.monotonic() + 60
     while True:
         document = _history(server, f"?since={since!r}")
-        if len(document["time"]) >= count or time.monotonic() > deadline:
+        times = document["time"]
+        if len(times) >= count and (after is None or (times and times[-1] > after)):
             return document
+        assert time.monotonic() < deadline, f"no such points in a minute: {document}"
         time.sleep(0.2)
 
 
 def test_requests_show_in_the_history_and_an_idle_model_shows_none(daemon: Server) -> None:
     start = _wait_for_points(daemon, 0.0, 1)  # the first point comes a second after the start
     assert set(start["models"]) == {"add_sub", "digits"}
-    since = start["last"] if start["last"] is not None else 0.0
+    since = start["last"]
     sent = 0
     with httpclient.InferenceServerClient(daemon.http_url) as client:
         deadline = time.monotonic() + 3.5
         while time.monotonic() < deadline:
             client.infer("add_sub", add_sub_inputs())
             sent += 1
-    document = _wait_for_points(daemon, since, 4)
+    # Every request completed before now: the points up to the first one taken after now count them all.
+    document = _wait_for_points(daemon, since, after=time.time())
     busy, idle = document["models"]["add_sub"], document["models"]["digits"]
-    # Every request is counted once, in whichever second it completed; an idle model counts none.
-    total = sum(rate * document["interval_s"] for rate in busy["request_rate"] if rate is not None)
+    # Every request is counted once, in whichever point's interval it completed (a rate over the time since the
+    # point before, which a busy machine may stretch past the nominal second); an idle model counts none.
+    times = [since, *document["time"]]
+    total = sum(
+        rate * (end - begin)
+        for rate, begin, end in zip(busy["request_rate"], times[:-1], times[1:], strict=True)
+        if rate is not None
+    )
     assert total == pytest.approx(sent, rel=0.05)
     assert max(busy["request_rate"]) > 0
     assert any(p99 is not None and p99 > 0 for p99 in busy["latency_ms"]["p99"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -16,13 +16,16 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from server import Server, run_server
+from server import Server, request, run_server
 from tritonclient.utils import InferenceServerException
 
 # Counts down from IN, one step per execution; remembers where each correlation id is. Decoupled, it sends every
-# step; otherwise it answers None until the last step. IN of 100 or more makes each execution take 20 ms.
+# step; otherwise it answers None until the last step. IN of 100 or more makes each execution take 20 ms. While a
+# file "hold" is in the model's folder, a sequence's first execution logs that it holds the instance and waits until
+# the file is gone, so that a test can queue requests behind it on any machine.
 COUNTDOWN: Final = """
 import json
+import os
 import time
 
 import numpy as np
@@ -34,6 +37,7 @@ class TritonPythonModel:
         self.config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
         self.left = {}
+        self.hold = os.path.join(args["model_repository"], "hold")
 
     def execute(self, requests):
         answers = []
@@ -44,6 +48,11 @@ class TritonPythonModel:
                 time.sleep(0.02)
             if key not in self.left:
                 self.left[key] = start
+                if os.path.exists(self.hold):
+                    pb_utils.Logger.log_info(f"sequence {key} holds the instance")
+                    deadline = time.monotonic() + 120  # only ends a test that failed
+                    while os.path.exists(self.hold) and time.monotonic() < deadline:
+                        time.sleep(0.01)
             self.left[key] -= 1
             left = self.left[key]
             cancelled = request.is_cancelled()
@@ -95,14 +104,35 @@ MODELS: Final[dict[str, dict[str, str]]] = {
 
 
 @pytest.fixture(scope="module")
-def iterative_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def iterative_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo: Path = tmp_path_factory.mktemp("iterative")
     for name, values in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / "model.py").write_text(COUNTDOWN, encoding="utf-8")
         (repo / name / "config.pbtxt").write_text(textwrap.dedent(CONFIG % {"name": name, **values}), encoding="utf-8")
-    with run_server([repo]) as server:
+    return repo
+
+
+@pytest.fixture(scope="module")
+def iterative_server(iterative_repository: Path) -> Iterator[Server]:
+    with run_server([iterative_repository]) as server:
         yield server
+
+
+def _wait_until(what: str, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+def _pending(server: Server, model: str) -> int:
+    """Requests the model's sequence batcher holds that no instance runs yet."""
+    metrics = request(server.metrics_url, "GET", "/metrics").body.decode()
+    for line in metrics.splitlines():
+        if line.startswith(f'nv_inference_pending_request_count{{model="{model}"'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError(f"no pending request count for {model}")
 
 
 def _tensor(module: Any, value: int) -> Any:
@@ -116,15 +146,22 @@ def _row(result: Any) -> dict[str, int]:
 
 
 def _stream(
-    url: str, model: str, requests: list[tuple[str, int, dict[str, Any]]], until_s: float = 30.0
+    url: str,
+    model: str,
+    requests: list[tuple[str, int, dict[str, Any]]],
+    until_s: float = 30.0,
+    between: Callable[[int], None] | None = None,
 ) -> dict[str, list[Any]]:
     """Sends the requests on one gRPC stream; every response (a row, then True when it was the final one) or
-    error message by request id, until each request has its final response or an error."""
+    error message by request id, until each request has its final response or an error. ``between(n)`` runs once
+    the first n requests are sent."""
     answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    for request_id, value, extra in requests:
+    for n, (request_id, value, extra) in enumerate(requests, 1):
         client.async_stream_infer(model, [_tensor(grpcclient, value)], request_id=request_id, **extra)
+        if between is not None:
+            between(n)
     got: dict[str, list[Any]] = {request_id: [] for request_id, _, _ in requests}
     open_ids = set(got)
     deadline = time.monotonic() + until_s
@@ -163,13 +200,35 @@ def test_a_decoupled_model_answers_every_iteration(iterative_server: Server) -> 
 
 
 @pytest.mark.parametrize("model", ["countdown", "countdown_oldest"])
-def test_requests_at_different_iterations_run_in_one_batch(iterative_server: Server, model: str) -> None:
-    # Four requests of 31 steps, each execution 20 ms: later ones join the batch while earlier ones iterate.
+def test_requests_at_different_iterations_run_in_one_batch(
+    iterative_server: Server, iterative_repository: Path, model: str
+) -> None:
+    # Four requests of 31 steps. The first one holds the instance in its first execution until the three others
+    # are queued; from then on they run in one batch, the first one an iteration ahead of the others.
+    hold = iterative_repository / model / "hold"
+    log_before = len(iterative_server.log())
+
+    def between(sent: int) -> None:
+        if sent == 1:
+            _wait_until(
+                "the first request holds the instance",
+                lambda: "holds the instance" in iterative_server.log()[log_before:],
+            )
+        elif sent == 4:
+            _wait_until("the three others queue", lambda: _pending(iterative_server, model) == 3)
+            hold.unlink()
+
     requests: list[tuple[str, int, dict[str, Any]]] = [(str(n), 31, {}) for n in range(4)]
-    got = _stream(iterative_server.grpc_url, model, requests, until_s=60.0)
+    hold.touch()
+    try:
+        got = _stream(iterative_server.grpc_url, model, requests, until_s=60.0, between=between)
+    finally:
+        hold.unlink(missing_ok=True)
     for request_id, _, _ in requests:
         assert [row["LEFT"] for row, _ in got[request_id]] == list(range(30, -1, -1))
-    assert max(row["BATCH"] for rows in got.values() for row, _ in rows) >= 2
+    # The first one's second execution is the others' first: one batch of the four.
+    assert got["0"][1][0]["BATCH"] == 4
+    assert [got[request_id][0][0]["BATCH"] for request_id in ("1", "2", "3")] == [4, 4, 4]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -220,26 +279,27 @@ def test_a_cancelled_request_is_not_run_again(iterative_server: Server) -> None:
     client = grpcclient.InferenceServerClient(iterative_server.grpc_url)
     responses: queue.SimpleQueue[Any] = queue.SimpleQueue()
     client.start_stream(callback=lambda result, error: responses.put(result))
+
+    def statistics() -> dict[str, Any]:
+        stats: dict[str, Any] = client.get_inference_statistics("countdown", as_json=True)["model_stats"][0]
+        return stats
+
+    def ended() -> int:
+        inference = statistics()["inference_stats"]
+        return int(inference["success"].get("count", 0)) + int(inference["fail"].get("count", 0))
+
+    before = ended()
     client.async_stream_infer("countdown", [_tensor(grpcclient, 100_000)], request_id="long")
     responses.get(timeout=30)  # it is iterating
     client.stop_stream(cancel_requests=True)
-
-    def executions() -> int:
-        stats = client.get_inference_statistics("countdown", as_json=True)["model_stats"][0]
-        return int(stats["execution_count"])
-
-    deadline = time.monotonic() + 10
-    settled = executions()
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        now = executions()
-        if now == settled:
-            break
-        settled = now
-    assert now == settled, "the cancelled request kept being run"
-    # The model still serves.
+    # Its sequence ends (the model sees the cancellation, or the daemon does not run it again)...
+    _wait_until("the cancelled request ends", lambda: ended() == before + 1)
+    settled = int(statistics()["execution_count"])
+    # ...and it is run no more: the next request runs alone, and only its own two executions are counted.
     got = _stream(iterative_server.grpc_url, "countdown", [("after", 2, {})])
     assert [row["LEFT"] for row, _ in got["after"]] == [1, 0]
+    assert [row["BATCH"] for row, _ in got["after"]] == [1, 1], "the cancelled request kept being run"
+    assert int(statistics()["execution_count"]) == settled + 2, "the cancelled request kept being run"
 
 
 @pytest.mark.parametrize("model", ["countdown_dynamic", "countdown_sequence"])

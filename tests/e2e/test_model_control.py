@@ -371,13 +371,46 @@ def test_history_pages(explicit: tuple[Server, Path, Path]) -> None:
     assert request(server.http_url, "GET", "/v2/edged/models/waiting/history?limit=0").status == 400
 
 
+# A Python model whose initialize waits until a file "release" is in its folder, and logs that it waits: a load of it
+# is under way for as long as the test wants.
+WAITING_LOAD_MODEL: Final = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        release = os.path.join(args["model_repository"], "release")
+        pb_utils.Logger.log_info(f"initialize waits until {release} exists")
+        deadline = time.monotonic() + 60  # only ends a test that failed
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
+WAITING_LOAD_CONFIG: Final = """name: "waiting_load"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+
 def test_restart_serves_what_was_served(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     state = tmp_path / "state"
     repo.mkdir()
     _add_sub(repo, "a")
     _add_sub(repo, "b")
-    shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
+    (repo / "waiting_load" / "1").mkdir(parents=True)
+    (repo / "waiting_load" / "1" / "model.py").write_text(WAITING_LOAD_MODEL, encoding="utf-8")
+    (repo / "waiting_load" / "config.pbtxt").write_text(WAITING_LOAD_CONFIG, encoding="utf-8")
     args = ("--model-control-mode=explicit", f"--state-dir={state}")
     with run_server([repo], *args, "--load-model=a") as server:
         client = httpclient.InferenceServerClient(server.http_url)
@@ -387,14 +420,17 @@ def test_restart_serves_what_was_served(tmp_path: Path) -> None:
         config["max_batch_size"] = 2
         client.load_model("b", config=json.dumps(config), headers=bearer(api_token(server)))
         events = _history(server, "b")["total"]
-        # Killed in the middle of another load: what was served before is what comes back.
-        loading = threading.Thread(target=_load_quietly, args=(server, "add_sub_python"), daemon=True)
+        # Killed in the middle of another load (its model's initialize waits): what was served before is what comes
+        # back.
+        loading = threading.Thread(target=_load_quietly, args=(server, "waiting_load"), daemon=True)
         loading.start()
-        time.sleep(0.3)
+        _wait(lambda: "initialize waits until" in server.log(), "the load to be under way")
         server.killed = True
         server.process.send_signal(signal.SIGKILL)
         server.process.wait(10)
         loading.join(10)
+    # Whatever still waited for it may go now.
+    (repo / "waiting_load" / "release").touch()
     with run_server([repo], *args) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         assert client.is_model_ready("b")
@@ -439,19 +475,25 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
             _wait(lambda: _index(client)[("polled", "1")].get("reason") == "unloaded", "version 1 to unload")
         assert loop.failures == []
         assert client.is_model_ready("polled", "2")
-        # A model folder still being written is left alone until it settles.
+        # A model folder still being written is left alone until it settles. Each piece written is stamped an hour
+        # ahead, as if it had just been written, however long the test takes between two pieces: the folder cannot
+        # settle meanwhile on any machine. The polls that come while it is written (one each 0.3 s) leave it alone.
         staged = tmp_path / "staged"
         _add_sub(staged, "late")
         onnx = (staged / "late" / "1" / "model.onnx").read_bytes()
         late = repo / "late"
         (late / "1").mkdir(parents=True)
         shutil.copy(staged / "late" / "config.pbtxt", late / "config.pbtxt")
-        with (late / "1" / "model.onnx").open("wb") as handle:
+        written = late / "1" / "model.onnx"
+        just_now = time.time() + 3600
+        with written.open("wb") as handle:
             for start in range(0, len(onnx), max(1, len(onnx) // 5)):
                 handle.write(onnx[start : start + max(1, len(onnx) // 5)])
                 handle.flush()
-                time.sleep(0.3)
+                os.utime(written, (just_now, just_now))
+                time.sleep(0.3)  # polls come meanwhile; whether they do or not, nothing may load the folder
                 assert ("late", "1") not in _index(client), "a folder being written was loaded"
+        os.utime(written)  # written whole, now: it settles
         _wait(lambda: client.is_model_ready("late"), "the written model to load")
         assert [e["state"] for e in _history(server, "late")["events"]].count("UNAVAILABLE") == 0
         # A removed model is unloaded.

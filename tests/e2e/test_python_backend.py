@@ -8,10 +8,11 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
+import gevent  # type: ignore[import-untyped, unused-ignore]
 import ml_dtypes
 import numpy as np
 import pytest
@@ -42,6 +43,34 @@ def _wait_ready(client: httpclient.InferenceServerClient, model: str) -> None:
     while not client.is_model_ready(model):
         assert time.monotonic() < deadline, f"model '{model}' did not come back"
         time.sleep(0.05)
+
+
+def _wait_until(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        # gevent's sleep: the HTTP client's async requests are greenlets, sent only while this one yields.
+        gevent.sleep(0.02)
+
+
+def _pending(server: Server, model: str) -> int:
+    """Requests for the model that wait for an instance."""
+    metrics = request(server.metrics_url, "GET", "/metrics").body.decode()
+    for line in metrics.splitlines():
+        if line.startswith(f'nv_inference_pending_request_count{{model="{model}"'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError(f"no pending request count for {model}")
+
+
+@pytest.fixture(scope="module")
+def patient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A daemon with the default stub timeout (30 s, where the session's daemon has 2 s), for the tests that hold
+    an execution until they let it go."""
+    repo = tmp_path_factory.mktemp("patient-repository")
+    for model in ("misbehave", "add_sub_python"):
+        shutil.copytree(PYTHON_MODELS / model, repo / model)
+    with run_server([repo]) as running:
+        yield running
 
 
 def _stub_pid(client: httpclient.InferenceServerClient) -> int:
@@ -89,19 +118,23 @@ def test_add_sub_python_over_grpc_with_requested_outputs(
     assert result.get_response().id == "r-7"
 
 
-def test_initialize_gets_every_args_key_triton_passes(python_server: Server) -> None:
-    # Two instances: requests in flight together reach both.
-    client = httpclient.InferenceServerClient(python_server.http_url, concurrency=8)
+def test_initialize_gets_every_args_key_triton_passes(patient_server: Server, tmp_path: Path) -> None:
+    # Two instances: while one holds a request (until the test lets it go), the next request reaches the other.
+    client = httpclient.InferenceServerClient(patient_server.http_url, concurrency=2)
+    release = tmp_path / "release"
+    held = client.async_infer("add_sub_python", add_sub_inputs(), parameters={"echo_args": True, "hold": str(release)})
+    try:
+        _wait_until(
+            "one instance holds a request",
+            lambda: f"add_sub_python holds its instance until {release} exists" in patient_server.log(),
+        )
+        other = client.infer("add_sub_python", add_sub_inputs(), parameters={"echo_args": True})
+    finally:
+        release.touch()
     seen: dict[str, dict[str, str]] = {}
-    for _ in range(5):
-        pending = [
-            client.async_infer("add_sub_python", add_sub_inputs(), parameters={"echo_args": True}) for _ in range(4)
-        ]
-        for call in pending:
-            parameters = call.get_result().get_response()["parameters"]
-            seen[parameters["model_instance_name"]] = parameters
-        if len(seen) == 2:
-            break
+    for result in (held.get_result(), other):
+        parameters = result.get_response()["parameters"]
+        seen[parameters["model_instance_name"]] = parameters
     assert sorted(seen) == ["add_sub_python_0_0", "add_sub_python_0_1"]
     args = seen["add_sub_python_0_1"]
     assert args["model_name"] == "add_sub_python"
@@ -225,7 +258,7 @@ def test_large_bytes_tensor(python_client: httpclient.InferenceServerClient) -> 
 def test_logger_lines_reach_the_daemon_log(python_server: Server) -> None:
     client = httpclient.InferenceServerClient(python_server.http_url)
     _infer_mode(client, "log")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + READY_TIMEOUT_S
     while "misbehave_0: misbehave says: careful" not in python_server.log():
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -358,25 +391,35 @@ def test_a_crashed_stub_fails_its_request_and_comes_back(
     assert "misbehave_0' is serving again" in python_server.log()
 
 
-def test_requests_behind_a_crash_are_not_lost(python_server: Server) -> None:
-    """Requests sent while the stub dies with another one: only the request it was running fails; the rest run on
-    the restarted stub, every one answered."""
-    client = httpclient.InferenceServerClient(python_server.http_url, concurrency=16)
-    for _ in range(20):
-        _infer_mode(client, "ok")  # the stub answers quickly: what follows is queued behind the crash
+def test_requests_behind_a_crash_are_not_lost(patient_server: Server, tmp_path: Path) -> None:
+    """Requests queued while the stub runs one that kills it: only the request it was running fails; the rest run
+    on the restarted stub, every one answered."""
+    client = httpclient.InferenceServerClient(patient_server.http_url, concurrency=16)
+    pid = _stub_pid(client)
+    release = tmp_path / "release"
     mode = httpclient.InferInput("MODE", [1], "BYTES")
-    mode.set_data_from_numpy(np.array([b"os_exit_later"], dtype=np.object_))
+    mode.set_data_from_numpy(np.array([f"os_exit_when:{release}".encode()], dtype=np.object_))
     crash = client.async_infer("misbehave", [mode])
-    time.sleep(0.1)  # it runs
-    followers = []
-    for _ in range(12):
-        tensor = httpclient.InferInput("MODE", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([b"ok"], dtype=np.object_))
-        followers.append(client.async_infer("misbehave", [tensor]))
+    try:
+        # It runs, and exits only once the requests that follow are queued behind it: the stub's pipeline full (the
+        # requests the daemon sends on to a busy stub) and more waiting for the instance.
+        _wait_until(
+            "the stub runs the request that kills it",
+            lambda: f"stub {pid} exits with status 7 once {release} exists" in patient_server.log(),
+        )
+        followers = []
+        for _ in range(12):
+            tensor = httpclient.InferInput("MODE", [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([b"ok"], dtype=np.object_))
+            followers.append(client.async_infer("misbehave", [tensor]))
+        _wait_until("requests queue behind the stub", lambda: _pending(patient_server, "misbehave") > 0)
+    finally:
+        release.touch()
     with pytest.raises(InferenceServerException, match="it exited with status 7"):
         crash.get_result()
     pids = {int(call.get_result().as_numpy("OUT")[0]) for call in followers}
-    assert len(pids) >= 1
+    # Every one ran on the restarted stub.
+    assert len(pids) == 1 and pid not in pids
     assert all(pid > 0 for pid in pids)
 
 
@@ -395,20 +438,31 @@ def test_many_requests_in_flight_each_get_their_own_answer(python_server: Server
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), input0 - input1)
 
 
-def test_the_model_is_not_ready_while_its_stub_restarts(python_client: httpclient.InferenceServerClient) -> None:
+def test_the_model_is_not_ready_while_its_stub_restarts(
+    python_server: Server, python_client: httpclient.InferenceServerClient, python_repository: Path
+) -> None:
     pid = _stub_pid(python_client)
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while python_client.is_model_ready("misbehave"):
-        assert time.monotonic() < deadline, "the model stayed ready with its stub killed"
-        time.sleep(0.005)
+    # The restarted stub's initialize waits until the test removes this file: the restart lasts as long as the test
+    # needs, on any machine.
+    hold = python_repository / "misbehave" / "hold_initialize"
+    hold.touch()
+    try:
+        before = len(python_server.log())
+        os.kill(pid, signal.SIGKILL)
+        _wait_until(
+            "the restarted stub initializes",
+            lambda: f"waits until {hold} is gone" in python_server.log()[before:],
+        )
+        assert not python_client.is_model_ready("misbehave"), "the model stayed ready with its stub killed"
+    finally:
+        hold.unlink()
     _wait_ready(python_client, "misbehave")
     assert _stub_pid(python_client) != pid
 
 
 def test_is_ready_of_the_model_is_consulted(python_client: httpclient.InferenceServerClient) -> None:
     _infer_mode(python_client, "unready")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + READY_TIMEOUT_S
     while python_client.is_model_ready("misbehave"):
         assert time.monotonic() < deadline, "the model's is_ready() was not consulted"
         time.sleep(0.1)

@@ -81,7 +81,12 @@ def test_without_the_empty_final_only_the_data_responses_come(
     replies = [results.get(timeout=TIMEOUT_S) for _ in range(3)]
     assert [int(r.as_numpy("OUT")[0]) for r in replies] == [1, 2, 3]
     assert not any(_final(r) for r in replies)
-    time.sleep(0.2)
+    # Nothing more comes for it: a stream's replies leave in the order of its requests, each request's all before
+    # the next one's, so the replies to a request sent after it come after anything it still had.
+    client.async_stream_infer(
+        "repeat_decoupled", _repeat_inputs([7]), request_id="after", enable_empty_final_response=True
+    )
+    assert [reply.get_response().id for reply in _collect(results)] == ["after", "after"]
     assert results.empty()
 
 
@@ -159,7 +164,10 @@ def test_a_cancelled_stream_request_is_seen_by_the_model(python_server: Server) 
     client = grpcclient.InferenceServerClient(python_server.grpc_url)
     results: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=partial(lambda q, result, error: q.put(error or result), results))
-    client.async_stream_infer("repeat_decoupled", _repeat_inputs([1, 2, 3, 4], [0, 300, 300, 300]), request_id="gone")
+    # The model waits for the cancellation before its second response, so that it sees it there on any machine.
+    client.async_stream_infer(
+        "repeat_decoupled", _repeat_inputs([1, 2, 3, 4]), request_id="gone", parameters={"wait_cancel_after": 1}
+    )
     first = results.get(timeout=TIMEOUT_S)
     assert int(first.as_numpy("OUT")[0]) == 1
     client.stop_stream(cancel_requests=True)

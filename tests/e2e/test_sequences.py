@@ -10,16 +10,17 @@ import shutil
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
+import gevent  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import PYTHON_MODELS
-from server import Server, post_json, run_server
+from server import Server, post_json, request, run_server
 from tritonclient.utils import InferenceServerException
 
 ACCUMULATOR: Final = """
@@ -34,6 +35,7 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         self.totals = {}
+        self.folder = args["model_repository"]
 
     def execute(self, requests):
         responses = []
@@ -49,7 +51,13 @@ class TritonPythonModel:
                 self.totals[key] = 0
             self.totals[key] = self.totals.get(key, 0) + int(x.reshape(-1)[0])
             if int(x.reshape(-1)[0]) == 99:
-                time.sleep(0.8)  # keeps the instance busy so that other sequences queue
+                # Keeps the instance busy until the test lets it go (a file in the model's folder), so that
+                # other requests queue behind it however slow the machine; the deadline only ends a failed test.
+                release = os.path.join(self.folder, f"release-{key}")
+                pb_utils.Logger.log_info(f"sequence {key} holds its instance until {release} exists")
+                deadline = time.monotonic() + 120
+                while not os.path.exists(release) and time.monotonic() < deadline:
+                    time.sleep(0.01)
             info = {
                 "start": start.tolist(), "end": end.tolist(), "ready": ready.tolist(),
                 "corrid": corrid.tolist() if corrid.dtype != object else [[corrid.reshape(-1)[0].decode()]],
@@ -82,25 +90,28 @@ sequence_batching {
 }
 instance_group [ { count: %(count)d kind: KIND_CPU } ]
 """
+# Idle times and a queue delay that no test waits out (a minute: a bound, not a measurement); acc_idle's is short.
+LONG_US: Final = 60_000_000
 MODELS: Final[dict[str, dict[str, Any]]] = {
-    "acc": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_UINT64", "count": 2},
-    "acc_strings": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_STRING", "count": 1},
+    "acc": {"strategy": "", "idle": LONG_US, "corrid": "TYPE_UINT64", "count": 2},
+    "acc_strings": {"strategy": "", "idle": LONG_US, "corrid": "TYPE_STRING", "count": 1},
     "acc_idle": {"strategy": "", "idle": 300_000, "corrid": "TYPE_UINT64", "count": 1},
-    "acc_slots": {"strategy": "", "idle": 5_000_000, "corrid": "TYPE_UINT64", "count": 1},
+    "acc_slots": {"strategy": "", "idle": LONG_US, "corrid": "TYPE_UINT64", "count": 1},
     "acc_delay": {
         "strategy": "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 3 ] "
-        "max_queue_delay_microseconds: 5000000 }",
-        "idle": 10_000_000,
+        f"max_queue_delay_microseconds: {LONG_US} }}",
+        "idle": LONG_US,
         "corrid": "TYPE_UINT64",
         "count": 1,
     },
     "acc_oldest": {
         "strategy": "oldest { max_candidate_sequences: 4 }",
-        "idle": 5_000_000,
+        "idle": LONG_US,
         "corrid": "TYPE_UINT64",
         "count": 1,
     },
 }
+WAIT_S: Final = 60.0
 
 
 ONNX_CONFIG: Final = """name: "acc_onnx"
@@ -150,7 +161,7 @@ def _write_onnx_accumulator(model_dir: Path, name: str = "acc_onnx", initial: by
 
 
 @pytest.fixture(scope="module")
-def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def sequence_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("sequences")
     _write_onnx_accumulator(repo / "acc_onnx")
     _write_onnx_accumulator(repo / "acc_from_1000", "acc_from_1000", np.array([1000], dtype=np.int32).tobytes())
@@ -162,8 +173,42 @@ def sequence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
             f'name: "{name}"\nbackend: "python"\n' + textwrap.dedent(CONFIG % values), encoding="utf-8"
         )
     shutil.copytree(PYTHON_MODELS / "simple_sequence", repo / "simple_sequence")
-    with run_server([repo]) as server:
+    config = repo / "simple_sequence" / "config.pbtxt"
+    idle = "max_sequence_idle_microseconds: 5000000"
+    assert idle in config.read_text(encoding="utf-8")
+    config.write_text(
+        config.read_text(encoding="utf-8").replace(idle, f"max_sequence_idle_microseconds: {LONG_US}"),
+        encoding="utf-8",
+    )
+    return repo
+
+
+@pytest.fixture(scope="module")
+def sequence_server(sequence_repository: Path) -> Iterator[Server]:
+    with run_server([sequence_repository]) as server:
         yield server
+
+
+def _wait_until(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        # gevent's sleep: the HTTP client's async requests are greenlets, sent only while this one yields.
+        gevent.sleep(0.02)
+
+
+def _pending(server: Server, model: str) -> int:
+    """Requests the model's sequence batcher holds that no instance runs yet."""
+    reply = request(server.metrics_url, "GET", "/metrics")
+    for line in reply.body.decode().splitlines():
+        if line.startswith(f'nv_inference_pending_request_count{{model="{model}"'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError(f"no pending request count for {model}")
+
+
+def _holding(server: Server, sequence: int) -> Callable[[], bool]:
+    """Whether the accumulator holds its instance for ``sequence`` (it was sent 99, and logs it)."""
+    return lambda: f"sequence {sequence} holds its instance until " in server.log()
 
 
 def _inputs(value: int) -> list[httpclient.InferInput]:
@@ -270,26 +315,45 @@ def test_triton_errors_for_sequences(sequence_server: Server) -> None:
     )
 
 
-def test_an_idle_sequence_is_released(sequence_server: Server) -> None:
-    client = httpclient.InferenceServerClient(sequence_server.http_url)
-    _send(client, "acc_idle", 400, 1, sequence_start=True)
-    assert _send(client, "acc_idle", 400, 1)[0] == 2  # in time
-    time.sleep(1.0)  # over its 0.3 s idle time
+def test_an_idle_sequence_is_released(sequence_server: Server, sequence_repository: Path) -> None:
+    client = httpclient.InferenceServerClient(sequence_server.http_url, concurrency=2)
+    # In time: the second request comes while the first one runs, so the sequence cannot idle between them, on any
+    # machine (a sequence with a request queued or running never idles out).
+    first = client.async_infer("acc_idle", _inputs(99), sequence_id=400, sequence_start=True)
+    try:
+        _wait_until("the first request runs", _holding(sequence_server, 400))
+        second = client.async_infer("acc_idle", _inputs(1), sequence_id=400)
+        _wait_until("the second request queues", lambda: _pending(sequence_server, "acc_idle") == 1)
+    finally:
+        (sequence_repository / "acc_idle" / "release-400").touch()
+    assert int(first.get_result().as_numpy("OUTPUT")[0, 0]) == 99
+    assert int(second.get_result().as_numpy("OUTPUT")[0, 0]) == 100
+    # Then nothing comes for over its 0.3 s idle time: the daemon releases it, and says so.
+    _wait_until(
+        "the idle sequence is released",
+        lambda: "sequence 400 of model 'acc_idle' was idle too long and is released" in sequence_server.log(),
+    )
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         client.infer("acc_idle", _inputs(1), sequence_id=400)
 
 
-def test_the_oldest_strategy_batches_sequences_together(sequence_server: Server) -> None:
+def test_the_oldest_strategy_batches_sequences_together(sequence_server: Server, sequence_repository: Path) -> None:
     client = httpclient.InferenceServerClient(sequence_server.http_url, concurrency=8)
     busy = client.async_infer("acc_oldest", _inputs(99), sequence_id=500, sequence_start=True)
-    time.sleep(0.3)  # the instance is busy: the next sequences queue
-    calls = [
-        client.async_infer("acc_oldest", _inputs(n), sequence_id=510 + n, sequence_start=True) for n in range(1, 4)
-    ]
+    try:
+        # The instance is busy (until the test lets it go): the next sequences queue, all three of them.
+        _wait_until("sequence 500 holds the instance", _holding(sequence_server, 500))
+        calls = [
+            client.async_infer("acc_oldest", _inputs(n), sequence_id=510 + n, sequence_start=True) for n in range(1, 4)
+        ]
+        _wait_until("the three sequences queue", lambda: _pending(sequence_server, "acc_oldest") == 3)
+    finally:
+        (sequence_repository / "acc_oldest" / "release-500").touch()
     busy.get_result()
     results = [call.get_result() for call in calls]
     sizes = [json.loads(result.get_response()["parameters"]["info"])["n"] for result in results]
-    assert max(sizes) > 1, sizes
+    # Once the instance is free, the three run in one batch.
+    assert sizes == [3, 3, 3], sizes
     assert [int(result.as_numpy("OUTPUT")[0, 0]) for result in results] == [1, 2, 3]
 
 
@@ -323,7 +387,7 @@ def test_implicit_state_of_an_onnx_model(sequence_server: Server) -> None:
 
 def test_the_oldest_strategy_waits_for_a_preferred_batch(sequence_server: Server) -> None:
     client = httpclient.InferenceServerClient(sequence_server.http_url, concurrency=8)
-    # Three sequences start together: the batcher waits (up to 5 s) until the preferred 3 are there.
+    # Three sequences start together: the batcher waits (up to a minute) until the preferred 3 are there.
     calls = [client.async_infer("acc_delay", _inputs(n), sequence_id=700 + n, sequence_start=True) for n in (1, 2, 3)]
     results = [call.get_result() for call in calls]
     sizes = [json.loads(result.get_response()["parameters"]["info"])["n"] for result in results]

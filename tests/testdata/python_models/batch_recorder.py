@@ -1,6 +1,8 @@
 """Records what the dynamic batcher gives it: every request's answer says how many requests and batch items the
 execution held, which execution of this process it was, the process, and when it ran. A request parameter
-``sleep_ms`` keeps the instance busy, so that the tests can make requests queue behind it."""
+``hold`` (a file's path) keeps the instance busy until that file exists: the model logs "execution holds its
+instance until <path> exists" when it begins to wait, so that a test knows the instance is busy, makes requests queue
+behind it, and lets it go when it wants to, however slow the machine."""
 
 import json
 import os
@@ -18,9 +20,13 @@ class TritonPythonModel:
     def execute(self, requests):
         started = time.monotonic()
         self.executions += 1
-        sleep_ms = max(json.loads(request.parameters()).get("sleep_ms", 0) for request in requests)
-        if sleep_ms:
-            time.sleep(sleep_ms / 1000)
+        parameters = [json.loads(request.parameters()) for request in requests]
+        for hold in sorted({p["hold"] for p in parameters if p.get("hold")}):
+            pb_utils.Logger.log_info(f"execution holds its instance until {hold} exists")
+            # The deadline only ends a test that failed.
+            deadline = time.monotonic() + 120
+            while not os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.01)
         inputs = [pb_utils.get_input_tensor_by_name(request, "IN").as_numpy() for request in requests]
         items = sum(array.shape[0] for array in inputs)
         same_shapes = len({array.shape[1:] for array in inputs}) == 1

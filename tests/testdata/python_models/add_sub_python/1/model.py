@@ -1,7 +1,9 @@
 """OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1, written as Triton's add_sub example is: the Python
-twin of the ONNX add_sub model."""
+twin of the ONNX add_sub model. A request parameter ``hold`` (a file's path) keeps the instance busy until that file
+exists, for the tests that need a request running on one instance while they send the next."""
 
 import json
+import os
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -25,6 +27,12 @@ class TritonPythonModel:
             out_tensor_0 = pb_utils.Tensor("OUTPUT0", out_0.astype(self.output0_dtype))
             out_tensor_1 = pb_utils.Tensor("OUTPUT1", out_1.astype(self.output1_dtype))
             parameters = {}
+            hold = json.loads(request.parameters()).get("hold")
+            if hold:
+                pb_utils.Logger.log_info(f"add_sub_python holds its instance until {hold} exists")
+                deadline = time.monotonic() + 120  # only ends a test that failed
+                while not os.path.exists(hold) and time.monotonic() < deadline:
+                    time.sleep(0.01)
             if json.loads(request.parameters()).get("echo_args"):
                 # What initialize received, for the tests that check Triton's args; slowly, so that requests sent
                 # together overlap and reach both instances.

@@ -1,5 +1,9 @@
 """Does what MODE says, mostly something a model must not do, so that the tests can see the daemon survive it:
-raise, answer wrongly (count, None, names, dtypes, types), exit, crash, hang, or set its own readiness."""
+raise, answer wrongly (count, None, names, dtypes, types), exit, crash, hang, or set its own readiness.
+
+Two things wait for what a test does, so that the test does not depend on how fast the machine is: MODE
+"os_exit_when:<path>" exits once that file exists, and while a file "hold_initialize" is in the model's folder,
+initialize (a restarted stub's too) waits until it is gone."""
 
 import ctypes
 import os
@@ -14,6 +18,12 @@ class TritonPythonModel:
     def initialize(self, args):
         self.ready = True
         self.pid = float(os.getpid())
+        hold = os.path.join(args["model_repository"], "hold_initialize")
+        if os.path.exists(hold):
+            pb_utils.Logger.log_info(f"initialize of stub {os.getpid()} waits until {hold} is gone")
+            deadline = time.monotonic() + 120  # only ends a test that failed
+            while os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def is_ready(self):
         return self.ready
@@ -43,6 +53,13 @@ class TritonPythonModel:
             os._exit(7)
         if mode == "os_exit_later":
             time.sleep(0.5)
+            os._exit(7)
+        if mode.startswith("os_exit_when:"):
+            release = mode.partition(":")[2]
+            pb_utils.Logger.log_info(f"stub {os.getpid()} exits with status 7 once {release} exists")
+            deadline = time.monotonic() + 120  # only ends a test that failed
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.01)
             os._exit(7)
         if mode == "segfault":
             ctypes.string_at(0)
