@@ -432,8 +432,14 @@ class ModelRepositoryManager:
                 crash_count = getattr(model, "crash_count", None)
                 crashes = int(crash_count()) if crash_count is not None else 0
             stats = version.stats
+            # An error the model answered with is a success to Triton's statistics, and a failure of the model all
+            # the same: the probation counts it as one. (Requests refused before they ran, a client's bad input
+            # among them, say nothing of the version and are not counted.)
+            answered = stats.answered_errors if stats is not None else 0
             counts[id(version)] = VersionHealth(
-                stats.success.count if stats is not None else 0, stats.fail.count if stats is not None else 0, crashes
+                stats.success.count - answered if stats is not None else 0,
+                stats.fail.count + answered if stats is not None else 0,
+                crashes,
             )
             live += int(getattr(version.scheduler, "live_sequences", 0))
         return ModelHealth(ready, live, counts)
