@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
 
-from edged.core.repository.control import Origin
+from edged.core.repository.modes import Origin
 from edged.state.audit import DAEMON, AuditRecord, Event, EventKey
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from edged import config
-from edged.core.repository.control import ControlMode
+from edged.core.repository.modes import ControlMode
 
 if TYPE_CHECKING:
     from collections.abc import Callable

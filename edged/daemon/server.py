@@ -37,8 +37,9 @@ from edged.core.audit import AuditLog
 from edged.core.devices import DeviceInventory
 from edged.core.metrics_history import MetricsHistory
 from edged.core.repository.archives import ArchiveLimits
-from edged.core.repository.control import ControlMode, ControlOptions, ModelController
+from edged.core.repository.control import ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
+from edged.core.repository.modes import ControlMode, ControlOptions
 from edged.core.repository.private_copies import FoldersOverlap
 from edged.core.repository.probation import ProbationLimits
 from edged.core.repository.uploads import ModelUploads, UploadOptions

@@ -18,8 +18,9 @@ from edged.backends import BackendRegistry
 from edged.config.options import OPTIONS
 from edged.config.settings import Settings
 from edged.core.repository.archives import ArchiveLimits, ArchiveRefused, Member, extract, inspect, member_path
-from edged.core.repository.control import ControlMode, ControlOptions, ModelController
+from edged.core.repository.control import ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager
+from edged.core.repository.modes import ControlMode, ControlOptions
 from edged.core.repository.scan import ModelSource
 from edged.core.repository.uploads import ModelUploads, UploadInvalid, UploadOptions, _plan
 from edged.daemon.sync import mirrors

@@ -27,11 +27,9 @@ the load pool, one model at a time per model (a lock per name), many models at o
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +38,7 @@ from edged.core.names import model_name_problem, printable
 from edged.core.repository.ensembles import ensembles_last, is_ensemble
 from edged.core.repository.files import FolderPrint, checksum, fingerprint
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
+from edged.core.repository.modes import ControlMode, ControlOptions, Origin
 from edged.core.repository.plan import plan_versions
 from edged.core.repository.poll import FolderWatch
 from edged.core.repository.private_copies import PrivateCopies, private_root
@@ -56,36 +55,6 @@ if TYPE_CHECKING:
     from edged.state.store import HistoryEvent, StateStore
 
 log = logging.getLogger(__name__)
-
-
-class ControlMode(enum.StrEnum):
-    NONE = "none"
-    POLL = "poll"
-    EXPLICIT = "explicit"
-
-
-class Origin(enum.StrEnum):
-    """Who asked for a change, as the history records it."""
-
-    STARTUP = "startup"
-    POLL = "poll"
-    API = "api"
-    UPLOAD = "upload"
-    SYNC = "sync"
-    # edged's own verdict on an upload's probation (the removal of one that failed it): nobody asked.
-    PROBATION = "probation"
-
-
-@dataclass(frozen=True, slots=True)
-class ControlOptions:
-    mode: ControlMode = ControlMode.NONE
-    poll_secs: float = 15.0
-    # --load-model values (explicit mode); "*" loads every model.
-    startup_models: tuple[str, ...] = ()
-    load_thread_count: int = 4
-    # How long an unload request waits for in-flight requests before it answers (they still finish afterwards).
-    unload_timeout_s: float = 30.0
-    state_dir: Path | None = None
 
 
 class ModelController:

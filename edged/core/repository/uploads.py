@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any
 from edged.core.confined import inside, make_dirs, remove_tree
 from edged.core.names import model_name_problem, printable
 from edged.core.repository.archives import ArchiveKind, ArchiveLimits, Member, extract, inspect
-from edged.core.repository.control import ControlMode, Origin
 from edged.core.repository.files import sync_directory
 from edged.core.repository.manager import ModelState, VersionsUnavailable
+from edged.core.repository.modes import ControlMode, Origin
 from edged.core.repository.probation import watch
 from edged.core.repository.scan import CONFIG_FILENAME, ModelSource, is_version_name, scan_repositories
 from edged.errors import EdgedError, ErrorCode

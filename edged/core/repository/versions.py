@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from edged.core.names import model_name_problem, printable
+from edged.core.repository.modes import ControlMode, Origin
 from edged.core.repository.scan import ModelSource, scan_repositories, version_numbers
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from edged.core.repository.control import ModelController, Origin
+    from edged.core.repository.control import ModelController
     from edged.core.repository.manager import ModelRepositoryManager
     from edged.core.repository.records import ControlRecords
 
@@ -140,8 +141,6 @@ class VersionActivation:
 
     async def _source(self, name: str, what: str) -> ModelSource:
         """The model's folder, after the checks every activation and rollback makes first."""
-        from edged.core.repository.control import ControlMode
-
         if self._controller.mode is not ControlMode.EXPLICIT:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
         problem = model_name_problem(name)
