@@ -29,8 +29,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-STARTUP_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
+# Generous, as every wait here: with both cores busy a daemon loading several frameworks takes half a minute to
+# start, and one that imported TensorFlow and PyTorch some seconds to exit after it stopped serving.
+STARTUP_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
 TRACEBACK_MARKER = "Traceback (most recent call last)"
 # Logged once every endpoint listens and the models are loaded; /v2/health/live may answer a moment before.
 READY_MARKER = "edged ready"

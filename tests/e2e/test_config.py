@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server import REPO_ROOT, TRACEBACK_MARKER, free_ports, request
+from server import REPO_ROOT, STARTUP_TIMEOUT_S, TRACEBACK_MARKER, free_ports, request
 
 import edged.config
 from edged.config import ConfigError, load, resolve, template
@@ -25,7 +25,6 @@ from edged.config.settings import DERIVED, Settings
 from edged.state.directory import default_state_dir
 
 TIMEOUT_S = 120
-STARTUP_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(autouse=True)
