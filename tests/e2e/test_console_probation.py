@@ -13,13 +13,13 @@ import csv
 import io
 import re
 import shutil
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import modelgen  # type: ignore[import-not-found, unused-ignore]
 import pytest
+from archives import zip_folder
 from browser import assert_accessible, open_page
 from console_session import browser_login, console_server, http_login
 from playwright.sync_api import FilePayload, expect
@@ -71,15 +71,6 @@ def refusing_page(browser: Browser) -> Iterator[Page]:
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------
-
-
-def zip_folder(folder: Path) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                archive.write(path, path.relative_to(folder).as_posix())
-    return buffer.getvalue()
 
 
 def add_sub(sources: Path, name: str) -> Path:

@@ -10,7 +10,6 @@ import io
 import json
 import re
 import tarfile
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -19,6 +18,7 @@ import modelgen  # type: ignore[import-not-found, unused-ignore]
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from archives import zip_folder
 from browser import PHONE, assert_accessible, open_page, screenshot
 from console_session import browser_login, console_server, http_login
 from playwright.sync_api import Browser, FilePayload, Page, expect
@@ -68,15 +68,6 @@ def add_sub(sources: Path, name: str) -> Path:
         config = folder / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', f'name: "{name}"'))
     return folder
-
-
-def zip_folder(folder: Path, prefix: str) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                archive.write(path, prefix + path.relative_to(folder).as_posix())
-    return buffer.getvalue()
 
 
 def tar_of(*members: tuple[str, bytes]) -> bytes:

@@ -22,6 +22,7 @@ import modelgen  # type: ignore[import-not-found, unused-ignore]
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from archives import zip_folder
 from server import (
     ADD_SUB_INPUT0,
     ADD_SUB_INPUT1,
@@ -100,15 +101,6 @@ def server(scratch: Path, source: Path, tokens: dict[str, str]) -> Iterator[Serv
 
 
 # --- archives -----------------------------------------------------------------------------------------------
-
-
-def zip_folder(folder: Path, prefix: str = "") -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                archive.write(path, prefix + path.relative_to(folder).as_posix())
-    return buffer.getvalue()
 
 
 def tar_folder(folder: Path, prefix: str = "") -> bytes:

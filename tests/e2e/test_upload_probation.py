@@ -9,11 +9,9 @@ Being "within the probation window" is made certain, not raced: the window is 60
 from __future__ import annotations
 
 import contextlib
-import io
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -22,6 +20,7 @@ import modelgen  # type: ignore[import-not-found, unused-ignore]
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from archives import zip_folder
 from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, REPO_ROOT, Reply, Server, add_sub_inputs, request, run_server
 from tritonclient.utils import InferenceServerException
 
@@ -98,15 +97,6 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------
-
-
-def zip_folder(folder: Path) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                archive.write(path, path.relative_to(folder).as_posix())
-    return buffer.getvalue()
 
 
 def add_sub(sources: Path, name: str) -> Path:
@@ -337,3 +327,40 @@ def test_a_version_refused_when_it_loads_leaves_the_model_serving_as_before(
         assert index(server) == before, model
         if loaded:
             infer_add_sub(server, model)
+
+
+# --- an operator's day, across a restart ------------------------------------------------------------------------------
+
+
+def test_an_upload_unloaded_loaded_again_and_the_device_restarted_is_still_served(
+    sources: Path, tmp_path: Path
+) -> None:
+    """Upload with activation, unload during the probation, load again, restart the device: the model is on
+    disk, served after the restart, and its history still says what happened before it."""
+    repository = tmp_path / "repository"
+    modelgen.write_add_sub(repository / "resident", max_batch_size=8, dims=16, dtype="FP32")
+    scratch = tmp_path / "state"
+    made = subprocess.run(
+        [sys.executable, "-m", "edged", "token", "--state-dir", str(scratch), "create", "--name", "line-6",
+         "--role", "operator"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=True,
+    )  # fmt: skip
+    secret = made.stdout.strip()
+    arguments = ("--model-control-mode=explicit", "--load-model=*", f"--state-dir={scratch}",
+                 f"--sync-probation-secs={WINDOW_S}")  # fmt: skip
+    with run_server([repository], *arguments) as first:
+        created = upload(first, secret, "daily", zip_folder(add_sub(sources, "daily")), activate=True)
+        assert created.status == 200 and created.json()["probation_s"] == WINDOW_S, created.body
+        assert control(first, secret, "daily", "unload").status == 200
+        wait_for_event(first, "daily", "PROBATION_ENDED")
+        assert control(first, secret, "daily", "load").status == 200
+        infer_add_sub(first, "daily")
+    assert files(repository / "daily") == ["1/model.onnx", "config.pbtxt"]
+
+    with run_server([repository], *arguments) as second:
+        infer_add_sub(second, "daily")
+        assert ("daily", "1", "READY") in index(second)
+        states = [event["state"] for event in history(second, "daily")]
+        assert "UPLOAD_REMOVED" not in states and "PROBATION_ENDED" in states, states
+        assert states[0] == "READY", states
+    assert files(repository / "daily") == ["1/model.onnx", "config.pbtxt"]
