@@ -255,6 +255,33 @@ def test_large_bytes_tensor(python_client: httpclient.InferenceServerClient) -> 
     np.testing.assert_array_equal(result.as_numpy("OUTPUT_BYTES"), array)
 
 
+def test_bytes_that_are_not_utf8_are_never_altered(
+    python_client: httpclient.InferenceServerClient, python_grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """JSON has no form for bytes that are not UTF-8: asked for as JSON, such an output fails the request (as under
+    Triton) instead of reaching the client with its bytes replaced; in binary and over gRPC it arrives unchanged."""
+    array = np.array([[b"\xff\xfe raw", b"text"]], dtype=np.object_)
+    tensor = httpclient.InferInput("INPUT_BYTES", [1, 2], "BYTES")
+    tensor.set_data_from_numpy(array, binary_data=True)
+    as_json = [httpclient.InferRequestedOutput("OUTPUT_BYTES", binary_data=False)]
+    with pytest.raises(InferenceServerException) as info:
+        python_client.infer("identity_python", [tensor], outputs=as_json)
+    assert info.value.status() == "400"
+    assert info.value.message() == (
+        "output 'OUTPUT_BYTES' element 0 is not UTF-8 (invalid start byte at byte 0), which JSON cannot carry: "
+        "request the output with binary_data=true to receive its bytes"
+    )
+    as_binary = [httpclient.InferRequestedOutput("OUTPUT_BYTES", binary_data=True)]
+    result = python_client.infer("identity_python", [tensor], outputs=as_binary)
+    assert result.as_numpy("OUTPUT_BYTES").tolist() == array.tolist()
+    grpc_tensor = grpcclient.InferInput("INPUT_BYTES", [1, 2], "BYTES")
+    grpc_tensor.set_data_from_numpy(array)
+    grpc_result = python_grpc_client.infer(
+        "identity_python", [grpc_tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT_BYTES")]
+    )
+    assert grpc_result.as_numpy("OUTPUT_BYTES").tolist() == array.tolist()
+
+
 def test_logger_lines_reach_the_daemon_log(python_server: Server) -> None:
     client = httpclient.InferenceServerClient(python_server.http_url)
     _infer_mode(client, "log")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1
+from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server
 from tritonclient.utils import InferenceServerException
 
 
@@ -56,6 +56,20 @@ def test_bls_to_an_unknown_model_is_an_error_response(python_client: httpclient.
         python_client.infer("bls_async", _inputs("no_such_model"))
     assert info.value.message() == "Request for unknown model: 'no_such_model' is not found"
     assert info.value.status() == "404"
+
+
+def test_bls_takes_bytes_wherever_tritons_binding_takes_a_string(
+    python_server: Server, python_client: httpclient.InferenceServerClient
+) -> None:
+    """A model that hands on ``as_numpy()[0]`` (bytes) as a model name, and bytes for output names, the request id,
+    a log line and an error message, works as under Triton, whose binding converts bytes to its strings."""
+    result = python_client.infer("bls_sync", _inputs("bytes:add_sub"))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), ADD_SUB_INPUT0 - ADD_SUB_INPUT1)
+    assert "bls_sync_0: bls_sync calls add_sub with bytes" in python_server.log()
+    with pytest.raises(InferenceServerException) as info:
+        python_client.infer("bls_sync", _inputs("bytes:no_such_model"))
+    assert info.value.message() == "in bytes: Request for unknown model: 'no_such_model' is not found"
 
 
 def test_bls_with_bad_inputs_reports_the_callees_validation(python_client: httpclient.InferenceServerClient) -> None:

@@ -97,6 +97,25 @@ def test_errors_responses_and_requests() -> None:
         request.exec()
 
 
+def test_bytes_are_taken_where_tritons_binding_takes_a_string() -> None:
+    """pybind11 converts bytes to the std::string Triton's binding declares; parameters it checks by type."""
+    assert pb_utils.TritonError(b"broken").message() == "broken"
+    assert pb_utils.Tensor(b"OUT", np.zeros(1)).name() == "OUT"
+    request = pb_utils.InferenceRequest(
+        request_id=b"r-1", model_name=b"add_sub", inputs=[], requested_output_names=[b"OUTPUT0", "OUTPUT1"]
+    )
+    assert (request.request_id(), request.requested_output_names()) == ("r-1", ["OUTPUT0", "OUTPUT1"])
+    assert pb_utils.MetricFamily(b"family", b"what it counts", pb_utils.MetricFamily.COUNTER).name == "family"
+    with pytest.raises(pb_utils.TritonModelException, match="must be UTF-8 text"):
+        pb_utils.Tensor(b"\xff", np.zeros(1))
+    with pytest.raises(TypeError, match="must be str or bytes, not int"):
+        pb_utils.InferenceRequest(model_name=7, inputs=[], requested_output_names=[])  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException, match="keys to have type str, found type <class 'bytes'>"):
+        pb_utils.InferenceResponse(parameters={b"k": 1})  # type: ignore[dict-item]
+    with pytest.raises(pb_utils.TritonModelException, match="values to have type bool/int/str, found type <class"):
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], parameters={"k": b"v"})
+
+
 def test_metrics_keep_their_values_outside_a_stub() -> None:
     family = pb_utils.MetricFamily("requests_total", "requests", pb_utils.MetricFamily.COUNTER)
     metric = family.Metric(labels={"model": "m"})

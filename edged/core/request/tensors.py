@@ -161,15 +161,30 @@ def array_to_binary(array: np.ndarray[Any, Any], datatype: str) -> bytes | memor
     return memoryview(contiguous.data).cast("B")
 
 
-def array_to_json(array: np.ndarray[Any, Any], datatype: str) -> list[Any]:
+def array_to_json(array: np.ndarray[Any, Any], datatype: str, name: str = "") -> list[Any]:
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"sending {datatype} data via JSON is not supported. Please use the binary data format for output"
         )
     if datatype == "BYTES":
-        return [
-            item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
-            for item in array.ravel(order="C")
-        ]
+        return _texts(array, name)
     flat: list[Any] = array.ravel(order="C").tolist()
     return flat
+
+
+def _texts(array: np.ndarray[Any, Any], name: str) -> list[str]:
+    """A BYTES tensor's elements as JSON strings. An element that is not UTF-8 fails the reply: replacing its bad
+    bytes would hand the client different data than the model produced, and JSON has no form for raw bytes."""
+    texts: list[str] = []
+    for index, item in enumerate(array.ravel(order="C")):
+        if not isinstance(item, bytes):
+            texts.append(str(item))
+            continue
+        try:
+            texts.append(item.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise invalid_arg(
+                f"output '{name}' element {index} is not UTF-8 ({error.reason} at byte {error.start}), which JSON "
+                "cannot carry: request the output with binary_data=true to receive its bytes"
+            ) from None
+    return texts

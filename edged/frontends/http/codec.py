@@ -308,7 +308,7 @@ def encode_infer_response(
             if len(blob):
                 blobs.append(blob)
         else:
-            entry["data"] = array_to_json(output.data, output.datatype)
+            entry["data"] = array_to_json(output.data, output.datatype, output.name)
         outputs.append(entry)
     header: dict[str, Any] = {}
     if response.id:

@@ -97,6 +97,19 @@ _TRITON_TYPE_BY_DTYPE: dict[np.dtype[Any], int] = {
 _LENGTH = struct.Struct("<I")
 
 
+def _text(value: Any, what: str) -> str:
+    """A string argument as Triton's binding takes it: ``str``, or ``bytes`` holding UTF-8 (pybind11 converts both
+    to the ``std::string`` the C++ side declares), so ``model_name=tensor.as_numpy()[0]`` works as it does there."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise TritonModelException(f"{what} must be UTF-8 text, got {bytes(value)!r}") from None
+    raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
+
+
 class _Runtime(Protocol):
     """What the stub provides to this module."""
 
@@ -141,8 +154,8 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = message
+    def __init__(self, message: str | bytes, code: int = INTERNAL) -> None:
+        self._message = _text(message, "an error's message")
         self._code = code
 
     def message(self) -> str:
@@ -249,9 +262,9 @@ class Tensor:
 
     __slots__ = ("_array", "_name", "_type")
 
-    def __init__(self, name: str, data: Any) -> None:
+    def __init__(self, name: str | bytes, data: Any) -> None:
         if not isinstance(name, str):
-            raise TypeError("Tensor name must be a str")
+            name = _text(name, "a tensor's name")
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
         triton_type = _TRITON_TYPE_BY_DTYPE.get(array.dtype)
         if triton_type is None:
@@ -310,8 +323,9 @@ class Tensor:
         return (1, 0)  # kDLCPU, device 0
 
     @staticmethod
-    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+    def from_dlpack(name: str | bytes, dlpack_tensor: Any) -> Tensor:
         """A tensor from a DLPack capsule or any object with ``__dlpack__`` (CPU memory, C-contiguous)."""
+        name = _text(name, "a tensor's name")
         if isinstance(dlpack_tensor, Tensor):
             # Another pb_utils tensor (BF16 included): share its data.
             return Tensor._from_wire(name, dlpack_tensor._wire_datatype(), dlpack_tensor._array)
@@ -410,11 +424,11 @@ class InferenceRequest:
 
     def __init__(
         self,
-        request_id: str = "",
+        request_id: str | bytes = "",
         correlation_id: int | str = 0,
         inputs: list[Tensor] | None = None,
-        requested_output_names: list[str] | None = None,
-        model_name: str | None = None,
+        requested_output_names: list[str | bytes] | None = None,
+        model_name: str | bytes | None = None,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -426,18 +440,12 @@ class InferenceRequest:
             raise TritonModelException(
                 "'inputs', 'requested_output_names' and 'model_name' must be given to create an InferenceRequest"
             )
-        if isinstance(parameters, str):
-            parameters_json = parameters
-        else:
-            for key, value in (parameters or {}).items():
-                if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
-                    raise TritonModelException("request parameters must map str to bool, int or str")
-            parameters_json = json.dumps(parameters or {})
-        self._request_id = request_id
+        parameters_json = parameters if isinstance(parameters, str) else json.dumps(_checked_parameters(parameters))
+        self._request_id = _text(request_id, "a request's id")
         self._correlation_id = correlation_id
         self._inputs = list(inputs)
-        self._outputs = list(requested_output_names)
-        self._model_name = model_name
+        self._outputs = [_text(name, "a requested output's name") for name in requested_output_names]
+        self._model_name = _text(model_name, "a model's name")
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -539,6 +547,17 @@ _NO_TRACE = InferenceTrace()
 _DEFAULT_MEMORY = PreferredMemory()
 
 
+def _checked_parameters(parameters: dict[Any, Any] | None) -> dict[str, Any]:
+    """Request or response parameters, refused as Triton's binding refuses them: keys are ``str``, values ``bool``,
+    ``int`` or ``str`` (not ``bytes``: the binding checks these types itself rather than converting)."""
+    for key, value in (parameters or {}).items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return parameters or {}
+
+
 class InferenceResponse:
     """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``."""
 
@@ -558,10 +577,7 @@ class InferenceResponse:
         if parameters is None or (isinstance(parameters, dict) and not parameters):
             parsed: dict[str, Any] = {}
         else:
-            parsed = json.loads(parameters) if isinstance(parameters, str) else dict(parameters)
-            for key, value in parsed.items():
-                if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
-                    raise TritonModelException("response parameters must map str to bool, int or str")
+            parsed = _checked_parameters(json.loads(parameters) if isinstance(parameters, str) else dict(parameters))
         self._tensors = tensors
         self._error = error
         self._parameters: dict[str, Any] = parsed
@@ -653,26 +669,27 @@ class Logger:
     VERBOSE = 3
 
     @staticmethod
-    def log(message: str, level: int = INFO) -> None:
+    def log(message: str | bytes, level: int = INFO) -> None:
+        text = _text(message, "a log message") if isinstance(message, (bytes, bytearray)) else str(message)
         if _runtime is None:
-            print(message, file=sys.stderr)
+            print(text, file=sys.stderr)
             return
-        _runtime.log(level, str(message))
+        _runtime.log(level, text)
 
     @staticmethod
-    def log_info(message: str) -> None:
+    def log_info(message: str | bytes) -> None:
         Logger.log(message, Logger.INFO)
 
     @staticmethod
-    def log_warn(message: str) -> None:
+    def log_warn(message: str | bytes) -> None:
         Logger.log(message, Logger.WARNING)
 
     @staticmethod
-    def log_error(message: str) -> None:
+    def log_error(message: str | bytes) -> None:
         Logger.log(message, Logger.ERROR)
 
     @staticmethod
-    def log_verbose(message: str) -> None:
+    def log_verbose(message: str | bytes) -> None:
         Logger.log(message, Logger.VERBOSE)
 
 
@@ -688,7 +705,9 @@ class MetricFamily:
 
     _ids = 0
 
-    def __init__(self, name: str, description: str, kind: int) -> None:
+    def __init__(self, name: str | bytes, description: str | bytes, kind: int) -> None:
+        name = _text(name, "a metric family's name")
+        description = _text(description, "a metric family's description")
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException(f"unknown metric kind {kind}")
         MetricFamily._ids += 1
@@ -758,25 +777,27 @@ class Metric:
 # --- model management ---------------------------------------------------------------------------------------
 
 
-def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+def load_model(model_name: str | bytes, config: str | bytes = "", files: dict[str, bytes] | None = None) -> None:
     """Load or reload a model (explicit model control only): ``config`` a model config as JSON, ``files``
     ``{"file:<version>/<path>": contents}`` for the model's private copy, as the repository API takes them."""
     for key, content in (files or {}).items():
         if not key.startswith("file:") or not isinstance(content, (bytes, bytearray)):
             raise TritonModelException(f"override files are given as {{'file:<version>/<path>': bytes}}, not '{key}'")
-    _require_runtime("load_model").call("load_model", {"model_name": model_name, "config": config}, files or {})
+    arguments = {"model_name": _text(model_name, "a model's name"), "config": _text(config, "a model's config")}
+    _require_runtime("load_model").call("load_model", arguments, files or {})
 
 
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+def unload_model(model_name: str | bytes, unload_dependents: bool = False) -> None:
     _require_runtime("unload_model").call(
-        "unload_model", {"model_name": model_name, "unload_dependents": unload_dependents}
+        "unload_model", {"model_name": _text(model_name, "a model's name"), "unload_dependents": unload_dependents}
     )
 
 
-def is_model_ready(model_name: str, model_version: str = "") -> bool:
+def is_model_ready(model_name: str | bytes, model_version: str | bytes = "") -> bool:
+    version = model_version if isinstance(model_version, (str, int)) else _text(model_version, "a model's version")
     return bool(
         _require_runtime("is_model_ready").call(
-            "is_model_ready", {"model_name": model_name, "model_version": str(model_version)}
+            "is_model_ready", {"model_name": _text(model_name, "a model's name"), "model_version": str(version)}
         )
     )
 
