@@ -233,7 +233,10 @@ def raw_binary_input(signature: ModelSignature, raw: bytes | memoryview) -> Infe
     if spec.datatype == "BYTES":
         if spec.dims != (1,):
             raise _invalid(f"{prefix}For BYTE datatype raw input '{spec.name}', the model must have input shape [1]")
-        return InferInput(spec.name, spec.datatype, (*batch, 1), None, raw)
+        # The body is the one element itself, without the length that precedes each element of a BYTES tensor.
+        element = np.empty((*batch, 1), dtype=np.object_)
+        element.flat[0] = bytes(raw)
+        return InferInput(spec.name, spec.datatype, (*batch, 1), element)
     variable = [i for i, d in enumerate(spec.dims) if d == -1]
     if len(variable) > 1:
         raise _invalid(

@@ -19,7 +19,11 @@ for the HTTP and the metrics endpoints:
 - a declared ``Content-Length`` over ``max_body_size`` is answered ``413`` as soon as the headers are read, on every
   route, without reading the body;
 - a chunked body of more than ``max_chunks`` chunks is answered ``400`` at the chunk past the limit: each chunk costs
-  a parser callback and a copy, so a flood of 1-byte chunks is work out of all proportion to its size.
+  a parser callback and a copy, so a flood of 1-byte chunks is work out of all proportion to its size;
+- a request with both ``Transfer-Encoding: chunked`` and ``Content-Length`` is read by its chunks, as Triton reads it
+  (RFC 9112 section 6.3: the encoding wins) and as clients send it (a ``requests`` call given the header and a body
+  chunked by hand). Such a message is also how a request is smuggled past a proxy that trusts the other header, so
+  its connection closes once it is answered: nothing sent behind it on that connection is read as a request.
 
 A timed-out request gets ``408``. Refusals close the connection: the answer goes out, the sending side is shut down
 and what the client still sends is read and dropped for a moment (``LINGER_S``), so the client reads the answer
@@ -145,6 +149,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._extensions: dict[str, Any] | None = None
         # When the last answer was complete with no request behind it; None while a request is read or answered.
         self._idle_since: float | None = None
+        # Set by a request framed both ways (see the module's docstring): the connection ends with its answer.
+        self._close_after = False
+        self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
 
     # --- the connection --------------------------------------------------------------------------------------
 
@@ -192,9 +199,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._expect("headers", self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        declared = next((value for name, value in self.headers if name == b"content-length"), None)
-        if self._admit(declared.decode("latin-1") if declared is not None else None):
+        if self._admit(self._declared_length()):
             super().on_headers_complete()
+            if self._close_after and self.cycle is not None:
+                self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -215,6 +223,23 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     # --- for subclasses that answer some requests themselves ---------------------------------------------------
+
+    def _declared_length(self) -> str | None:
+        """The request's ``Content-Length``, if any, for the size check; None as well when ``Transfer-Encoding``
+        overrides it, which also marks the connection to close after the answer."""
+        length = None
+        encoded = False
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                encoded = True
+        if length is None:
+            return None
+        if encoded:
+            self._close_after = True
+            return None
+        return length.decode("latin-1")
 
     def _admit(self, content_length: str | None) -> bool:
         """Once a request's headers are read (``content_length`` the header's value, if any): False when it was

@@ -126,9 +126,9 @@ class InferHttpProtocol(LimitedHttpProtocol):
             return
         # Read now: the parser may go on to a pipelined request (new headers) while this one is answered.
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in self.headers}
-        if not self._admit(headers.get("content-length")):
+        if not self._admit(self._declared_length()):
             return
-        inference = _Inference(match, headers, self.parser.should_keep_alive())
+        inference = _Inference(match, headers, self.parser.should_keep_alive() and not self._close_after)
         self._inference = inference
         self.cycle = inference  # type: ignore[assignment]
 
