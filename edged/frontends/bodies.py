@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from edged.core.names import printable
 from edged.errors import EdgedError, ErrorCode
@@ -44,15 +44,45 @@ class BodyTooLarge(Exception):
     """The request body is over ``HttpOptions.max_input_size`` (413)."""
 
 
-def declared_too_large(declared: str | None, limit: int) -> BodyTooLarge | None:
+# What a body is, for the words of its refusal: a JSON document, a JSON header with binary data after it, one raw
+# binary input (Inference-Header-Content-Length 0), or a model archive.
+Framing = Literal["json", "binary", "raw", "upload"]
+
+
+def framing_of(inference_header_length: str | None) -> Framing:
+    """What an inference (or other API) body is, from its ``Inference-Header-Content-Length`` header."""
+    if inference_header_length is None:
+        return "json"
+    return "raw" if inference_header_length.strip() == "0" else "binary"
+
+
+def declared_too_large(declared: str | None, limit: int, framing: Framing = "json") -> BodyTooLarge | None:
     """The refusal of a body whose Content-Length is over the limit, before any of it is read."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        return BodyTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        return BodyTooLarge(_too_large(int(declared), limit, framing))
     return None
 
 
-def streamed_too_large(limit: int) -> BodyTooLarge:
-    return BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+def streamed_too_large(limit: int, framing: Framing = "json") -> BodyTooLarge:
+    return BodyTooLarge(_too_large(None, limit, framing))
+
+
+def _too_large(size: int | None, limit: int, framing: Framing) -> str:
+    """Triton's words for a body over ``--http-max-input-size`` (its clients and its tests look for them); edged's
+    own for an archive over ``--upload-max-bytes``."""
+    if framing == "upload":
+        of = f" of {size} bytes" if size is not None else ""
+        return (
+            f"model archive{of} exceeds the maximum allowed size of {limit} bytes. Use --upload-max-bytes to "
+            "increase the limit."
+        )
+    advice = f"{limit} bytes. Use --http-max-input-size to increase the limit."
+    if framing == "raw":
+        of = f" ({size} bytes)" if size is not None else ""
+        return f"Raw input has a byte_size{of} that exceeds the maximum allowed value of {advice}"
+    of = f" of {size} bytes" if size is not None else ""
+    what = "request JSON size" if framing == "json" else "request size"
+    return f"{what}{of} exceeds the maximum allowed input size of {advice}"
 
 
 def archive_type_refusal(headers: Mapping[str, str]) -> str | None:
@@ -85,7 +115,7 @@ async def receive_archive(request: Request[Any, Any, Any], path: Path, limit: in
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise streamed_too_large(limit)
+                raise streamed_too_large(limit, "upload")
             pending += chunk
             if len(pending) >= _WRITE_SIZE:
                 data, pending = pending, bytearray()

@@ -683,7 +683,12 @@ class TestDecompressionBombs:
         assert inflated > 9 * 1024 * MIB
         before = _rss_bytes(site.server)
         reply = request(site.server.http_url, "POST", INFER, body, {"Content-Encoding": encoding})
-        _expect(reply, 413, f"decompressed request body exceeds the limit of {DEFAULT_MAX_INPUT_SIZE} bytes")
+        _expect(
+            reply,
+            413,
+            f"Decompressed data size exceeds the maximum allowed value of {DEFAULT_MAX_INPUT_SIZE} bytes. Use "
+            "--http-max-input-size to increase the limit.",
+        )
         # The body, the inflated bytes up to the limit and their copies: a bounded amount, far below 10 GB.
         assert _rss_bytes(site.server) - before < 4 * DEFAULT_MAX_INPUT_SIZE
 

@@ -323,7 +323,10 @@ def test_past_the_size_limit_is_413_and_the_daemon_serves_on(server: Server) -> 
     body = b"PK\x03\x04" + b"\0" * MAX_UPLOAD
     declared = upload(server, "resident", body)
     assert declared.status == 413, declared.body
-    assert "limit" in declared.error()
+    assert declared.error() == (
+        f"model archive of {len(body)} bytes exceeds the maximum allowed size of {MAX_UPLOAD} bytes. Use "
+        "--upload-max-bytes to increase the limit."
+    )
     # Without a Content-Length: chunked, refused once the limit is passed.
     chunked = request(
         server.http_url,
@@ -333,6 +336,7 @@ def test_past_the_size_limit_is_413_and_the_daemon_serves_on(server: Server) -> 
         {"Content-Type": "application/zip", "Transfer-Encoding": "chunked", **bearer(api_token(server))},
     )
     assert chunked.status == 413, chunked.body
+    assert "exceeds the maximum allowed size of" in chunked.error()
     infer(server, "resident", "2")
     uploads = scratch_of(server) / "state" / "uploads"
     assert not uploads.exists() or not any(uploads.iterdir())

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from edged.core.request.inference import InferRequest
 from edged.errors import EdgedError, ErrorCode
-from edged.frontends.bodies import BodyTooLarge, declared_too_large, streamed_too_large
+from edged.frontends.bodies import BodyTooLarge, declared_too_large, framing_of, streamed_too_large
 from edged.frontends.http.codec import (
     DEFAULT_MAX_JSON_DEPTH,
     decode_infer_request,
@@ -254,7 +254,8 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 
 async def _receive_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    refusal = declared_too_large(headers.get("content-length"), limit)
+    framing = framing_of(headers.get("inference-header-content-length"))
+    refusal = declared_too_large(headers.get("content-length"), limit, framing)
     if refusal is not None:
         raise refusal
     chunks: list[bytes] = []
@@ -267,7 +268,7 @@ async def _receive_body(receive: Receive, headers: dict[str, str], limit: int) -
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise streamed_too_large(limit)
+                raise streamed_too_large(limit, framing)
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
@@ -293,7 +294,10 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     except zlib.error as exc:
         raise EdgedError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: {exc}") from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise BodyTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+        raise BodyTooLarge(
+            f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. Use --http-max-input-size "
+            "to increase the limit."
+        )
     if not inflater.eof:
         raise EdgedError(ErrorCode.INVALID_ARG, "failed to decompress the request body: it is truncated")
     return out

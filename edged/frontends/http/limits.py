@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Final, Literal
 from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from edged.frontends.bodies import declared_too_large
+from edged.frontends.bodies import Framing, declared_too_large, framing_of
 from edged.frontends.tls import asgi_tls_extension
 
 log = logging.getLogger("edged.frontends.http")
@@ -199,7 +199,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._expect("headers", self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        if self._admit(self._declared_length()):
+        if self._admit():
             super().on_headers_complete()
             if self._close_after and self.cycle is not None:
                 self.cycle.keep_alive = False
@@ -224,26 +224,29 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     # --- for subclasses that answer some requests themselves ---------------------------------------------------
 
-    def _declared_length(self) -> str | None:
-        """The request's ``Content-Length``, if any, for the size check; None as well when ``Transfer-Encoding``
-        overrides it, which also marks the connection to close after the answer."""
-        length = None
+    def _declared(self) -> tuple[str | None, Framing]:
+        """The request's ``Content-Length`` for the size check (None when it has none, or when ``Transfer-Encoding``
+        overrides it, which also marks the connection to close after the answer), and what its body is."""
+        length = header_length = None
         encoded = False
         for name, value in self.headers:
             if name == b"content-length":
                 length = value
             elif name == b"transfer-encoding":
                 encoded = True
+            elif name == b"inference-header-content-length":
+                header_length = value.decode("latin-1")
+        framing: Framing = "upload" if self._is_upload() else framing_of(header_length)
         if length is None:
-            return None
+            return None, framing
         if encoded:
             self._close_after = True
-            return None
-        return length.decode("latin-1")
+            return None, framing
+        return length.decode("latin-1"), framing
 
-    def _admit(self, content_length: str | None) -> bool:
-        """Once a request's headers are read (``content_length`` the header's value, if any): False when it was
-        refused (and answered) for its declared size; otherwise its body's clock starts."""
+    def _admit(self) -> bool:
+        """Once a request's headers are read: False when it was refused (and answered) for its declared size;
+        otherwise its body's clock starts."""
         self.fresh.pop(self, None)
         self._idle_since = None
         if self._refused:
@@ -251,7 +254,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._chunks = 0
         busy = self.cycle is not None and not self.cycle.response_complete
         # Behind an answer still owed, a refusal would overtake it: the route refuses in order instead.
-        refusal = None if busy else declared_too_large(content_length, self._body_limit())
+        declared, framing = self._declared()
+        refusal = None if busy else declared_too_large(declared, self._body_limit(), framing)
         if refusal is not None:
             self._refuse(413, str(refusal), linger=True)
             return False
@@ -260,9 +264,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _body_limit(self) -> int:
         upload = self.limits.max_upload_size
-        if upload is not None and _UPLOAD_PATH.fullmatch(getattr(self, "url", b"")):
-            return upload
-        return self.limits.max_body_size
+        return upload if upload is not None and self._is_upload() else self.limits.max_body_size
+
+    def _is_upload(self) -> bool:
+        return _UPLOAD_PATH.fullmatch(getattr(self, "url", b"")) is not None
 
     def _request_read(self) -> None:
         """The whole request is in: no clock runs while it is answered (uvicorn's keep-alive timer follows)."""

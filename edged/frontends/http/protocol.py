@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from edged.frontends.bodies import BodyTooLarge, streamed_too_large
+from edged.frontends.bodies import BodyTooLarge, framing_of, streamed_too_large
 from edged.frontends.http.infer import HttpOptions, Reply, answer_infer
 from edged.frontends.http.limits import ConnectionLimits, LimitedHttpProtocol
 
@@ -126,7 +126,7 @@ class InferHttpProtocol(LimitedHttpProtocol):
             return
         # Read now: the parser may go on to a pipelined request (new headers) while this one is answered.
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in self.headers}
-        if not self._admit(self._declared_length()):
+        if not self._admit():
             return
         inference = _Inference(match, headers, self.parser.should_keep_alive() and not self._close_after)
         self._inference = inference
@@ -141,7 +141,8 @@ class InferHttpProtocol(LimitedHttpProtocol):
             return  # refused already: the rest is read and dropped, never kept
         inference.size += len(body)
         if inference.size > self.options.max_input_size:
-            inference.refusal = streamed_too_large(self.options.max_input_size)
+            framing = framing_of(inference.headers.get("inference-header-content-length"))
+            inference.refusal = streamed_too_large(self.options.max_input_size, framing)
             inference.chunks.clear()
             return
         inference.chunks.append(body)

@@ -55,7 +55,7 @@ async def model_upload(request: Request[Any, Any, Any], model: str) -> Response[
     activate = activate_flag(request.query_params.get("activate", "false"))
     limit = options.max_upload_size
     try:
-        too_large = declared_too_large(request.headers.get("content-length"), limit)
+        too_large = declared_too_large(request.headers.get("content-length"), limit, "upload")
         if too_large is not None:
             raise too_large
         # Refused before the body is read: a name that cannot be a model's, a synced model.
