@@ -347,6 +347,11 @@ class TestLoadFiles:
 # The most elements a tensor may have (2**40): checked before anything is allocated.
 MAX_ELEMENTS: Final = 1099511627776
 SHAPES_PAST_ANY_MEMORY: Final = [[1, 2**62], [1, 2**31, 2**31], [1, 2**63 - 1]]
+INT64_MAX: Final = 2**63 - 1
+# Triton's words (its qa/L0_http checks them): an element count past int64, or a byte size past it.
+COUNT_OVERFLOW: Final = f"causes total element count to exceed maximum size of {INT64_MAX}"
+BYTES_OVERFLOW: Final = f"* data type size (4) exceeds maximum allowed size ({INT64_MAX})"
+TOO_DEEP: Final = f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})"
 
 
 class TestShapeOverflow:
@@ -362,8 +367,8 @@ class TestShapeOverflow:
             header + bytes(16),
             {"Inference-Header-Content-Length": str(len(header))},
         )
-        shown = ",".join(str(dim) for dim in shape)
-        _expect(reply, 400, f"has shape [{shown}], more than {MAX_ELEMENTS} elements")
+        count = shape[1] * (shape[2] if len(shape) > 2 else 1)
+        _expect(reply, 400, f"byte size overflow for input 'INPUT0': element count ({count}) {BYTES_OVERFLOW}")
 
     def test_http_batch_dimension_past_any_memory(self, site: Site) -> None:
         reply = post_json(
@@ -371,7 +376,7 @@ class TestShapeOverflow:
             "/v2/models/identity_fp32/infer",
             {"inputs": [{"name": "INPUT0", "shape": [2**62, 4], "datatype": "FP32", "data": [1.0] * 4}]},
         )
-        _expect(reply, 400, f"has shape [4611686018427387904, 4], more than {MAX_ELEMENTS} elements")
+        _expect(reply, 400, f"invalid shape for input 'INPUT0': shape [4611686018427387904,4] {COUNT_OVERFLOW}")
 
     def test_http_dimension_past_uint64(self, site: Site) -> None:
         reply = post_json(
@@ -379,18 +384,26 @@ class TestShapeOverflow:
             "/v2/models/identity_fp32/infer",
             {"inputs": [{"name": "INPUT0", "shape": [1, 2**64], "datatype": "FP32", "data": [1.0]}]},
         )
-        _expect(reply, 400, f"has shape [1, {2**64}], more than {MAX_ELEMENTS} elements")
+        _expect(reply, 400, f"invalid shape for input 'INPUT0': shape [1,{2**64}] {COUNT_OVERFLOW}")
+
+    def test_http_past_the_devices_memory_but_not_int64(self, site: Site) -> None:
+        reply = post_json(
+            site.server.http_url,
+            "/v2/models/identity_fp32/infer",
+            {"inputs": [{"name": "INPUT0", "shape": [1, 2**41], "datatype": "FP32", "data": [1.0]}]},
+        )
+        _expect(reply, 400, f"input 'INPUT0' has shape [1,{2**41}], more than {MAX_ELEMENTS} elements")
 
     @pytest.mark.parametrize("shape", SHAPES_PAST_ANY_MEMORY, ids=str)
     def test_grpc_raw_contents_for_a_huge_shape(self, stub: Any, shape: list[int]) -> None:
         error = _grpc_error(lambda: stub.ModelInfer(_raw_grpc_request("identity_fp32", shape, "FP32", bytes(16))))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-        assert str(error.details()).endswith(f"more than {MAX_ELEMENTS} elements"), error.details()
+        assert str(error.details()).endswith(BYTES_OVERFLOW), error.details()
 
     def test_grpc_batch_dimension_past_any_memory(self, stub: Any) -> None:
         error = _grpc_error(lambda: stub.ModelInfer(_raw_grpc_request("identity_fp32", [2**62, 4], "FP32", bytes(16))))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert str(error.details()).endswith(f"more than {MAX_ELEMENTS} elements"), error.details()
+        assert str(error.details()).endswith(COUNT_OVERFLOW), error.details()
 
     @pytest.mark.parametrize("prefix", [2**32 - 1, 2**31, 17], ids=["uint32-max", "int32-min", "one-past"])
     def test_bytes_length_prefix_past_the_end(self, site: Site, stub: Any, prefix: int) -> None:
@@ -458,13 +471,13 @@ class TestJsonDepth:
     @pytest.mark.parametrize("levels", [MAX_JSON_DEPTH + 1, 500, 990, 5000])
     def test_a_document_past_the_limit_is_refused(self, site: Site, levels: int) -> None:
         reply = request(site.server.http_url, "POST", INFER, _nested_extra(levels))
-        _expect(reply, 400, f"nested more than {MAX_JSON_DEPTH} levels deep")
+        _expect(reply, 400, TOO_DEEP)
 
     @pytest.mark.parametrize("padding", [0, 100_000], ids=["small", "large"])
     def test_a_json_header_before_binary_data(self, site: Site, padding: int) -> None:
         deep = _nested_extra(MAX_JSON_DEPTH + 1) + b" " * padding
         reply = request(site.server.http_url, "POST", INFER, deep, {"Inference-Header-Content-Length": str(len(deep))})
-        _expect(reply, 400, f"nested more than {MAX_JSON_DEPTH} levels deep")
+        _expect(reply, 400, TOO_DEEP)
         at_limit = _nested_extra(MAX_JSON_DEPTH) + b" " * padding
         reply = request(
             site.server.http_url, "POST", INFER, at_limit, {"Inference-Header-Content-Length": str(len(at_limit))}
@@ -479,7 +492,7 @@ class TestJsonDepth:
             zlib.compress(_nested_extra(MAX_JSON_DEPTH + 1)),
             {"Content-Encoding": "deflate"},
         )
-        _expect(reply, 400, f"nested more than {MAX_JSON_DEPTH} levels deep")
+        _expect(reply, 400, TOO_DEEP)
 
     @pytest.mark.parametrize(
         "path",
@@ -487,7 +500,7 @@ class TestJsonDepth:
     )
     def test_other_routes_refuse_it_too(self, site: Site, path: str) -> None:
         deep = b'{"x":' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}"
-        _expect(request(site.server.http_url, "POST", path, deep), 400, f"nested more than {MAX_JSON_DEPTH} levels")
+        _expect(request(site.server.http_url, "POST", path, deep), 400, TOO_DEEP)
 
     def test_wide_documents_are_not_deep(self, site: Site) -> None:
         # Many brackets side by side: the count alone is no reason to refuse.
@@ -550,7 +563,8 @@ def few_chunks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 )
 def test_the_json_depth_limit_holds_on_every_route(few_chunks: Server, path: str) -> None:
     deep = b'{"a":' + b"[" * SHALLOW + b"]" * SHALLOW + b"}"
-    _expect(request(few_chunks.http_url, "POST", path, deep), 400, f"nested more than {SHALLOW} levels deep")
+    reply = request(few_chunks.http_url, "POST", path, deep)
+    _expect(reply, 400, f"JSON nesting depth exceeds maximum allowed limit ({SHALLOW})")
 
 
 def _read_until_closed(sock: socket.socket) -> bytes:

@@ -168,6 +168,13 @@ def test_unknown_output(stub: Any) -> None:
     _fails(stub, request, INVALID, "unexpected inference output 'OUTPUTX' for model 'add_sub'")
 
 
+def test_an_output_asked_for_twice(stub: Any) -> None:
+    request = _request()
+    request.outputs.add(name="OUTPUT0")
+    request.outputs.add(name="OUTPUT0")
+    _fails(stub, request, INVALID, "[request id: <id_unknown>] output 'OUTPUT0' already exists in request")
+
+
 def test_raw_contents_size_mismatch(stub: Any) -> None:
     request = _request()
     request.raw_input_contents[1] = request.raw_input_contents[1][:60]

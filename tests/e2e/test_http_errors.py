@@ -153,6 +153,13 @@ def test_duplicate_input(server: Server) -> None:
     )
 
 
+def test_an_output_asked_for_twice(client: httpclient.InferenceServerClient) -> None:
+    twice = [httpclient.InferRequestedOutput("OUTPUT0"), httpclient.InferRequestedOutput("OUTPUT0")]
+    error = _infer_error(client, "add_sub", add_sub_inputs(), outputs=twice)
+    assert error.status() == "400"
+    assert error.message() == f"{NO_ID}output 'OUTPUT0' already exists in request"
+
+
 def test_unknown_output(client: httpclient.InferenceServerClient) -> None:
     error = _infer_error(client, "add_sub", add_sub_inputs(), outputs=[httpclient.InferRequestedOutput("OUTPUTX")])
     assert error.status() == "400"
@@ -731,7 +738,7 @@ def test_huge_shape_with_a_zero_dimension(server: Server) -> None:
         "/v2/models/identity_fp32/infer",
         {"inputs": [{"name": "INPUT0", "shape": [0, 2**62], "datatype": "FP32", "data": []}]},
     )
-    _expect(reply, 400, "input 'INPUT0' has shape [0, 4611686018427387904], more than 1099511627776 elements")
+    _expect(reply, 400, "input 'INPUT0' has shape [0,4611686018427387904], more than 1099511627776 elements")
 
 
 def test_empty_outputs_list_returns_every_output(server: Server) -> None:

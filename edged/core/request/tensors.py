@@ -28,6 +28,33 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return math.prod(shape)
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def oversized(name: str, datatype: str, shape: tuple[int, ...] | list[int]) -> str | None:
+    """Why a tensor of ``shape`` cannot be held (None when it can): Triton's words where its element count or byte
+    size would overflow 64 bits, edged's past ``MAX_ELEMENTS``. Counted without zeros: a zero-sized tensor must
+    still have dimensions numpy can represent."""
+    count = math.prod(d for d in shape if d)
+    if count <= MAX_ELEMENTS:
+        return None
+    shown = "[" + ",".join(str(d) for d in shape) + "]"
+    if 0 in shape:  # holds nothing, so nothing overflows: only numpy's dimensions are at stake
+        return f"input '{name}' has shape {shown}, more than {MAX_ELEMENTS} elements"
+    if count > _INT64_MAX:
+        return (
+            f"invalid shape for input '{name}': shape {shown} causes total element count to exceed maximum size of "
+            f"{_INT64_MAX}"
+        )
+    size = element_size(datatype) or 1
+    if count * size > _INT64_MAX:
+        return (
+            f"byte size overflow for input '{name}': element count ({count}) * data type size ({size}) exceeds "
+            f"maximum allowed size ({_INT64_MAX})"
+        )
+    return f"input '{name}' has shape {shown}, more than {MAX_ELEMENTS} elements"
+
+
 def binary_dtype(datatype: str) -> np.dtype[Any] | None:
     if datatype == "BF16":
         # numpy has no bfloat16: the bits travel as uint16 and backends that know BF16 reinterpret them.
@@ -95,8 +122,9 @@ def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any)
         raise invalid_arg(f"invalid datatype for input {name}")
     if not isinstance(data, list):
         raise _internal("Unable to parse 'data': attempt to access JSON non-array as array")
-    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
-        raise invalid_arg(f"input '{name}' has shape {list(shape)}, more than {MAX_ELEMENTS} elements")
+    refusal = oversized(name, datatype, shape)
+    if refusal is not None:
+        raise invalid_arg(refusal)
     count = element_count(shape)
     flat = _flatten(data)
     if len(flat) != count:
@@ -138,9 +166,7 @@ def _flatten(data: list[Any]) -> list[Any]:
         for item in stack[-1]:
             if isinstance(item, list):
                 if len(stack) >= MAX_JSON_DEPTH:
-                    raise invalid_arg(
-                        f"failed to parse the request JSON buffer: 'data' is nested deeper than {MAX_JSON_DEPTH} levels"
-                    )
+                    raise invalid_arg(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})")
                 stack.append(iter(item))
                 break
             out.append(item)

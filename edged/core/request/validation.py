@@ -8,7 +8,6 @@ with several faults gets the message a Triton user expects.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +15,12 @@ import numpy as np
 
 from edged.core.request.datatypes import WIRE_NAME_BY_CONFIG
 from edged.core.request.tensors import (
-    MAX_ELEMENTS,
     binary_dtype,
     bytes_array,
     deserialize_bytes_tensor,
     element_count,
     element_size,
+    oversized,
 )
 from edged.errors import EdgedError, ErrorCode
 
@@ -89,7 +88,11 @@ def validate_request(signature: ModelSignature, request: InferRequest) -> None:
         seen.add(tensor.name)
         _check_shape(tensor, model, request)
     if request.outputs is not None:
+        asked: set[str] = set()
         for output in request.outputs:
+            if output.name in asked:
+                raise _invalid(f"{request_prefix(request)}output '{output.name}' already exists in request")
+            asked.add(output.name)
             if output.name not in signature.outputs:
                 raise _invalid(f"unexpected inference output '{output.name}' for model '{model}'")
     count = len(inputs)
@@ -159,12 +162,9 @@ def _check_shape(tensor: InferInput, model: str, request: InferRequest) -> None:
             f"{request_prefix(request)}All input dimensions should be specified for input '{tensor.name}' for model "
             f"'{model}', got {format_shape(shape)}"
         )
-    # Counted without zeros: a zero-sized tensor must still have dimensions numpy can represent.
-    if math.prod(shape) > MAX_ELEMENTS or (0 in shape and math.prod(d for d in shape if d) > MAX_ELEMENTS):
-        raise _invalid(
-            f"{request_prefix(request)}input '{tensor.name}' for model '{model}' has shape {format_shape(shape)}, "
-            f"more than {MAX_ELEMENTS} elements"
-        )
+    refusal = oversized(tensor.name, tensor.datatype, shape)
+    if refusal is not None:
+        raise _invalid(f"{request_prefix(request)}{refusal}")
 
 
 def _input_count_message(signature: ModelSignature, request: InferRequest, prefix: str) -> str:

@@ -49,9 +49,7 @@ def _internal(message: str) -> EdgedError:
 
 
 def _too_deep(max_depth: int) -> EdgedError:
-    return invalid_arg(
-        f"failed to parse the request JSON buffer: the document is nested more than {max_depth} levels deep"
-    )
+    return invalid_arg(f"JSON nesting depth exceeds maximum allowed limit ({max_depth})")
 
 
 def decode_json(data: bytes | memoryview, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
