@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 SHM_DIRECTORY = "/dev/shm"
 # Keys edged creates for itself (the Python backend's tensors): a client can never register them.
 INTERNAL_KEY_PREFIX = "/edged-"
+# Key prefixes no client may register (leading slashes aside): edged's own, and the one Triton reserves for its
+# Python backend, which a client moving from Triton must find refused the same way.
+_RESERVED_PREFIXES = (INTERNAL_KEY_PREFIX.lstrip("/"), "triton_python_backend_shm_region_")
 _MAX_SIZE = 2**63 - 1  # byte sizes and offsets travel as int64/uint64; anything larger is not a region
 # Each region holds a file descriptor of the daemon's; a client must not be able to exhaust them.
 MAX_REGIONS = 1024
@@ -95,9 +98,10 @@ class _Region:
 
 
 def _disabled() -> EdgedError:
+    # Triton's words since it, too, has client shared memory off unless --allow-client-shm is given.
     return EdgedError(
         ErrorCode.UNSUPPORTED,
-        "shared memory support is disabled: start edged with --allow-client-shm=true to use shared memory regions",
+        "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.",
     )
 
 
@@ -128,6 +132,7 @@ class SharedMemoryManager:
                 f"failed to register shared memory region '{name}': invalid args (offset {offset}, byte size "
                 f"{byte_size})"
             )
+        _check_key(name, key)
         path = _key_path(key)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -285,6 +290,19 @@ class SharedMemoryManager:
         if size < 0 or offset + size > region.byte_size:
             raise _invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region, region.offset + offset, size
+
+
+def _check_key(name: str, key: str) -> None:
+    """INVALID_ARG, in Triton's words, for a key of slashes only or one with a reserved prefix."""
+    bare = key.lstrip("/")
+    if key and not bare:
+        raise _invalid(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
+    for prefix in _RESERVED_PREFIXES:
+        if bare.startswith(prefix):
+            raise _invalid(
+                f"cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved "
+                f"prefix '{prefix}'"
+            )
 
 
 def _key_path(key: str) -> str:

@@ -19,6 +19,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 REGION_BYTES = 128
+# The key prefix Triton reserves for its Python backend: refused at registration, as Triton refuses it.
+TRITON_PREFIX = "triton_python_backend_shm_region_"
 Regions = tuple[Any, Any, str, str]
 
 
@@ -171,9 +173,20 @@ def test_registration_errors(client: grpcclient.InferenceServerClient, regions: 
     error = _error(lambda: client.register_system_shared_memory("x", "/edged_no_such_key", 8))
     assert error.status() == "StatusCode.INTERNAL"
     assert error.message() == "Unable to open shared memory region: '/edged_no_such_key'"
-    for key in ("/../../etc/passwd", "/edged-internal"):
+    error = _error(lambda: client.register_system_shared_memory("evil", "/../../etc/passwd", 8))
+    assert error.message() == "Unable to open shared memory region: '/../../etc/passwd'"
+    for key, prefix in (("/edged-internal", "edged-"), ("/triton_python_backend_shm_region_1", TRITON_PREFIX)):
         error = _error(lambda key=key: client.register_system_shared_memory("evil", key, 8))
-        assert error.message() == f"Unable to open shared memory region: '{key}'"
+        assert error.status() == "StatusCode.INVALID_ARGUMENT"
+        assert error.message() == (
+            f"cannot register shared memory region 'evil' with key '{key}' as the key contains the reserved prefix "
+            f"'{prefix}'"
+        )
+    error = _error(lambda: client.register_system_shared_memory("evil", "/", 8))
+    assert (error.status(), error.message()) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "cannot register shared memory region 'evil' - invalid shm key '/'",
+    )
     error = _error(lambda: client.register_system_shared_memory("wrap", in_key, 2**64 - 1, offset=2**64 - 1))
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     error = _error(lambda: client.get_system_shared_memory_status("nowhere"))

@@ -70,7 +70,13 @@ def test_disabled_unless_allowed(client: httpclient.InferenceServerClient, regio
     _, _, in_key, _ = regions
     error = _error(lambda: client.register_system_shared_memory("in", in_key, REGION_BYTES))
     assert error.status() == "501"
-    assert "--allow-client-shm" in str(error.message())
+    assert (
+        error.message()
+        == "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+    )
+    error = _error(lambda: client.unregister_system_shared_memory("in"))
+    assert error.status() == "501"
+    assert client.get_system_shared_memory_status() == []
     error = _error(lambda: client.infer("add_sub", _shm_inputs()))
     assert error.status() == "501"
     assert_still_serving(client)
@@ -254,7 +260,7 @@ def test_registration_errors(
     assert_still_serving(shm_client)
 
 
-@pytest.mark.parametrize("key", ["/../../etc/passwd", "/a/b", "", "/", "/edged-internal", "relative/../../x"], ids=repr)
+@pytest.mark.parametrize("key", ["/../../etc/passwd", "/a/b", "", "relative/../../x"], ids=repr)
 def test_keys_outside_dev_shm_or_internal_are_refused(shm_client: httpclient.InferenceServerClient, key: str) -> None:
     error = _error(lambda: shm_client.register_system_shared_memory("evil", key, 8))
     assert error.status() == "500"
@@ -264,12 +270,35 @@ def test_keys_outside_dev_shm_or_internal_are_refused(shm_client: httpclient.Inf
     assert shm_client.get_system_shared_memory_status() == []
 
 
+@pytest.mark.parametrize(
+    ("key", "prefix"),
+    [
+        ("/edged-internal", "edged-"),
+        ("/triton_python_backend_shm_region_7", "triton_python_backend_shm_region_"),
+        ("///triton_python_backend_shm_region_7", "triton_python_backend_shm_region_"),
+    ],
+)
+def test_reserved_keys_are_refused(shm_client: httpclient.InferenceServerClient, key: str, prefix: str) -> None:
+    error = _error(lambda: shm_client.register_system_shared_memory("evil", key, 8))
+    assert error.status() == "400"
+    assert error.message() == (
+        f"cannot register shared memory region 'evil' with key '{key}' as the key contains the reserved prefix "
+        f"'{prefix}'"
+    )
+    error = _error(lambda: shm_client.register_system_shared_memory("evil", "//", 8))
+    assert (error.status(), error.message()) == (
+        "400",
+        "cannot register shared memory region 'evil' - invalid shm key '//'",
+    )
+    assert shm_client.get_system_shared_memory_status() == []
+
+
 def test_internal_region_is_refused_even_when_it_exists(shm_client: httpclient.InferenceServerClient) -> None:
     key = f"/edged-{uuid.uuid4().hex[:8]}"
     region = shm.create_shared_memory_region("internal", key, 8)
     try:
         error = _error(lambda: shm_client.register_system_shared_memory("internal", key, 8))
-        assert error.status() == "500"
+        assert error.status() == "400" and "reserved prefix 'edged-'" in str(error.message())
     finally:
         shm.destroy_shared_memory_region(region)
 
