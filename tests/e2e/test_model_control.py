@@ -259,6 +259,18 @@ def test_load_with_a_config_override_and_files(explicit: tuple[Server, Path, Pat
     client.load_model("uploaded", config=uploaded_config, files=files, headers=operator)
     result = client.infer("uploaded", add_sub_inputs())
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), ADD_SUB_INPUT0 - ADD_SUB_INPUT1)
+    # A file beside the version folders, where a config's label_filename is looked for (as Triton writes it).
+    labelled = json.loads(json.dumps(client.get_model_config("uploaded")))
+    labelled["output"][0]["label_filename"] = "labels.txt"
+    labels = "".join(f"label-{index}\n" for index in range(16)).encode()
+    client.load_model(
+        "uploaded", config=json.dumps(labelled), files={**files, "file:labels.txt": labels}, headers=operator
+    )
+    top = httpclient.InferRequestedOutput("OUTPUT0", class_count=1)
+    result = client.infer("uploaded", add_sub_inputs(), outputs=[top])
+    assert result.as_numpy("OUTPUT0").tolist() == [
+        [f"{(ADD_SUB_INPUT0 + ADD_SUB_INPUT1)[0].max():f}:15:label-15".encode()]
+    ]
     # Over gRPC the files travel as bytes.
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     grpc.load_model("uploaded", config=uploaded_config, files=files, headers=operator)
@@ -273,7 +285,7 @@ TRAVERSALS: Final = (
     "1//model.onnx",
     "1/a\0b",
     "1\\..\\escaped",
-    "model.onnx",
+    "config.pbtxt",
     "",
 )
 
@@ -299,7 +311,7 @@ def test_override_paths_that_leave_the_model_are_refused(explicit: tuple[Server,
     # Names no file system holds (one component over 255 bytes): the load fails as Triton's does when it cannot
     # write the files it was given, over both wires; nothing is left behind.
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    for key in ("1/" + "a" * 256, "1/" + "\u00e9" * 128, "1/" + "b" * 300 + "/model.py"):
+    for key in ("1/" + "a" * 256, "1/" + "\u00e9" * 128, "1/" + "b" * 300 + "/model.py", "c" * 256):
         before = {p for p in tmp_path.rglob("*")}
         config = json.dumps({"name": "intruder", "backend": "python"})
         body = {"parameters": {"config": config, f"file:{key}": base64.b64encode(b"x").decode()}}

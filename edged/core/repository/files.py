@@ -121,8 +121,8 @@ def override_path(key: str) -> PurePosixPath:
         raise _refused(key, "it is an absolute path")
     if any(part in ("..", ".") for part in key.split("/")) or any(not part for part in key.split("/")):
         raise _refused(key, "it is not a plain relative path ('..', '.' and empty components are refused)")
-    if len(path.parts) < 2 or not is_version_name(path.parts[0]):
-        raise _refused(key, "it must be inside a version folder, as <version>/<file>")
+    if path.parts == ("config.pbtxt",):
+        raise _refused(key, "the model's config is given as the 'config' parameter")
     if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in path.parts):
         # A name no file system here can hold: Triton fails the same load when it writes the file (INTERNAL).
         raise UnwritableOverride(
