@@ -400,7 +400,7 @@ class InferenceService:
                     erred = True
                     execution.add_done_callback(lambda done: self._stream_erred(model, done))
                 if item.response is not None and request.outputs is not None:
-                    self._select_outputs(model, request, item.response, strict=False)
+                    self._select_outputs(model, request, item.response)
                 yield item
                 if item.final:
                     break
@@ -442,11 +442,10 @@ class InferenceService:
         request.model_version = model.version
         request.arrival_ns = time.monotonic_ns()
 
-    def _select_outputs(
-        self, model: ModelVersion, request: InferRequest, response: InferResponse, *, strict: bool = True
-    ) -> None:
-        """Keep the requested outputs in the requested order, applying classification where asked. A decoupled
-        model's responses (``strict`` False) may each carry only some of them."""
+    def _select_outputs(self, model: ModelVersion, request: InferRequest, response: InferResponse) -> None:
+        """Keep the requested outputs in the requested order, applying classification where asked. One the model
+        did not return is left out, as Triton leaves it out: a Python model may skip an output (one that follows an
+        optional input not given), and a decoupled model's responses may each carry only some of them."""
         assert request.outputs is not None
         by_name = {o.name: o for o in response.outputs}
         batching = model.signature is not None and model.signature.max_batch_size > 0
@@ -454,12 +453,7 @@ class InferenceService:
         for wanted in request.outputs:
             output = by_name.get(wanted.name)
             if output is None:
-                if not strict:
-                    continue
-                raise EdgedError(
-                    ErrorCode.INTERNAL,
-                    f"model '{model.name}' did not produce the requested output '{wanted.name}'",
-                )
+                continue
             if wanted.classification > 0:
                 classes = classify(
                     output.datatype, output.data, wanted.classification, model.labels.get(output.name), batching

@@ -4,6 +4,7 @@ ensembles Triton refuses at load; readiness that follows the composing models.""
 
 from __future__ import annotations
 
+import json
 import shutil
 import textwrap
 import threading
@@ -194,6 +195,65 @@ max_batch_size: 8
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] } ]
 """
+# A model with an optional input: A_OUT is A, B_OUT is B when B was given (left out otherwise); PARAMS holds the
+# request's parameters as JSON.
+OPTIONAL_ECHO: Final = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            outputs = [pb_utils.Tensor("A_OUT", pb_utils.get_input_tensor_by_name(request, "A").as_numpy())]
+            b = pb_utils.get_input_tensor_by_name(request, "B")
+            if b is not None:
+                outputs.append(pb_utils.Tensor("B_OUT", b.as_numpy()))
+            params = np.array([request.parameters().encode()], dtype=np.object_)
+            outputs.append(pb_utils.Tensor("PARAMS", params))
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+"""
+OPTIONAL_IO: Final = """
+max_batch_size: 0
+input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] },
+        { name: "B" data_type: TYPE_FP32 dims: [ -1 ] optional: true } ]
+output [ { name: "A_OUT" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "B_OUT" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+# One step, its optional input fed by the ensemble's optional input.
+OPTIONAL_ONE: Final = (
+    OPTIONAL_IO
+    + """
+ensemble_scheduling { step [
+  { model_name: "optional_echo" model_version: -1 input_map [ { key: "A" value: "A" }, { key: "B" value: "B" } ]
+    output_map [ { key: "A_OUT" value: "A_OUT" }, { key: "B_OUT" value: "B_OUT" }, { key: "PARAMS" value: "PARAMS" } ] }
+] }
+"""
+)
+# Two steps: the second's optional input is the first's output, absent when the first did not return it.
+OPTIONAL_TWO: Final = (
+    OPTIONAL_IO
+    + """
+ensemble_scheduling { step [
+  { model_name: "optional_echo" model_version: -1 input_map [ { key: "A" value: "A" }, { key: "B" value: "B" } ]
+    output_map [ { key: "A_OUT" value: "a" }, { key: "B_OUT" value: "b" } ] },
+  { model_name: "optional_echo" model_version: -1 input_map [ { key: "A" value: "a" }, { key: "B" value: "b" } ]
+    output_map [ { key: "A_OUT" value: "A_OUT" }, { key: "B_OUT" value: "B_OUT" }, { key: "PARAMS" value: "PARAMS" } ] }
+] }
+"""
+)
+# An ensemble that does not batch, whose step (an ONNX identity) does.
+NOBATCH_OVER_BATCHING: Final = """
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "identity_batching" model_version: -1 input_map { key: "INPUT0" value: "X" }
+    output_map { key: "OUTPUT0" value: "Y" } }
+] }
+"""
 # Ensembles Triton refuses, each with a part of the reason it gives.
 BROKEN: Final[dict[str, tuple[str, str]]] = {
     "unknown_member": (
@@ -274,6 +334,11 @@ def ensemble_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         """,
     )
     _ensemble(repo, "fanout", FANOUT)
+    _python_model(repo, "optional_echo", OPTIONAL_ECHO, OPTIONAL_IO)
+    _ensemble(repo, "optional_one", OPTIONAL_ONE)
+    _ensemble(repo, "optional_two", OPTIONAL_TWO)
+    modelgen.write_identity(repo / "identity_batching", "FP32", max_batch_size=8, dims=[-1])
+    _ensemble(repo, "nobatch_over_batching", NOBATCH_OVER_BATCHING)
     _ensemble(repo, "nested", NESTED)
     for name, (config, _) in BROKEN.items():
         _ensemble(repo, name, config)
@@ -444,3 +509,41 @@ def test_an_ensemble_of_an_ensemble(ensemble_server: Server) -> None:
     result = client.infer("nested", [tensor])
     assert result.as_numpy("LABEL")[0, 0] == b"total 64"
     np.testing.assert_array_equal(result.as_numpy("SUM"), np.full((1, 16), 4, dtype=np.float32))
+
+
+def _floats(name: str, values: list[float]) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, [len(values)], "FP32")
+    tensor.set_data_from_numpy(np.array(values, dtype=np.float32))
+    return tensor
+
+
+@pytest.mark.parametrize("ensemble", ["optional_one", "optional_two"])
+def test_an_optional_input_not_given_runs_the_steps_without_it(ensemble_server: Server, ensemble: str) -> None:
+    """As Triton: the absent tensor counts as there for the steps that read it, each runs without it, and the
+    ensemble outputs nothing produced are left out of the response."""
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    result = client.infer(ensemble, [_floats("A", [1.0, 2.0])])
+    np.testing.assert_array_equal(result.as_numpy("A_OUT"), [1.0, 2.0])
+    assert result.as_numpy("B_OUT") is None
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["A_OUT", "PARAMS"]
+    result = client.infer(ensemble, [_floats("A", [1.0]), _floats("B", [3.0, 4.0])])
+    np.testing.assert_array_equal(result.as_numpy("B_OUT"), [3.0, 4.0])
+
+
+def test_request_parameters_reach_every_step(ensemble_server: Server) -> None:
+    client = grpcclient.InferenceServerClient(ensemble_server.grpc_url)
+    tensor = grpcclient.InferInput("A", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    result = client.infer("optional_two", [tensor], parameters={"key1": "value1", "key2": 2, "key3": True})
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {"key1": "value1", "key2": 2, "key3": True}
+
+
+@pytest.mark.parametrize("values", [[], [1.0, 2.0, 3.0]], ids=["zero-elements", "three"])
+def test_an_ensemble_that_does_not_batch_feeds_a_step_that_does(ensemble_server: Server, values: list[float]) -> None:
+    """The step gets the tensor with a batch of 1 in front ([0] -> [1,0]) and the ensemble answers in its own
+    shape, as Triton does (qa/L0_infer_zero's non-batching ensembles over batching steps)."""
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    result = client.infer("nobatch_over_batching", [_floats("X", values)])
+    output = result.as_numpy("Y")
+    assert output.shape == (len(values),)
+    np.testing.assert_array_equal(output, values)

@@ -7,8 +7,14 @@ UNAVAILABLE with the reason. The ensemble is ready while every composing model i
 
 A request runs as a graph: a step starts as soon as every ensemble tensor it reads exists, so independent steps run
 at once. Each step is an ordinary request to its model through the server (its scheduler, batching and statistics
-included). A failing step fails the request with an error that names the step; the steps still running are
-cancelled. Cancelling the request cancels the steps in flight.
+included), carrying the ensemble request's parameters. A failing step fails the request with an error that names the
+step; the steps still running are cancelled. Cancelling the request cancels the steps in flight.
+
+As in Triton, an optional ensemble input the client did not send, or a step output its model did not return, is
+"absent" (None among the request's tensors): it counts as there for a step waiting on it, which runs without that
+input (its model decides whether it may be missing), and an ensemble output that is absent is left out of the
+response. An ensemble that does not batch hands a batching step a tensor of its own rank with a batch dimension of 1
+put in front (a zero-element ``[0]`` becomes ``[1,0]``), and takes it off the step's outputs again.
 
 An ensemble with a decoupled step is decoupled itself, as in Triton: each response of that step goes on through the
 rest of the graph on its own and becomes one response of the ensemble's stream.
@@ -68,6 +74,9 @@ class _Step:
     outputs: dict[str, str]
     # A decoupled model's step: each of its responses carries the rest of the graph on its own.
     decoupled: bool = False
+    # The step's model batches (max_batch_size > 0); the rank of each of its inputs' dims without the batch.
+    batching: bool = False
+    ranks: dict[str, int] | None = None
 
 
 class EnsembleBackend:
@@ -168,7 +177,17 @@ class _EnsembleCheck:
         self._inputs(step, member_config)
         self._outputs(index, step, member_config)
         decoupled = bool(member_config.model_transaction_policy.decoupled)
-        return _Step(index, model, int(step.model_version), dict(step.input_map), dict(step.output_map), decoupled)
+        ranks = {tensor.name: len(tensor.dims) for tensor in member_config.input}
+        return _Step(
+            index,
+            model,
+            int(step.model_version),
+            dict(step.input_map),
+            dict(step.output_map),
+            decoupled,
+            member_config.max_batch_size > 0,
+            ranks,
+        )
 
     def _inputs(self, step: Any, member: ModelConfig) -> None:
         name, model = self.name, step.model_name
@@ -274,6 +293,8 @@ class _Runner:
         self._steps = steps
         self._server = server
         self._outputs = [o.name for o in config.output]
+        self._optional = [i.name for i in config.input if i.optional]
+        self._batching = config.max_batch_size > 0
 
     def execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[Any]:
         raise EdgedError(ErrorCode.INTERNAL, "an ensemble runs on the event loop only")
@@ -316,7 +337,7 @@ class _Runner:
         paths: list[asyncio.Task[None]] = []
         errors: list[EdgedError] = []
 
-        def start(tensors: dict[str, InferInput], remaining: list[_Step]) -> None:
+        def start(tensors: dict[str, InferInput | None], remaining: list[_Step]) -> None:
             paths.append(asyncio.ensure_future(self._walk(request, tensors, remaining, deliver, start, errors)))
 
         def cancel_paths() -> None:
@@ -324,7 +345,8 @@ class _Runner:
                 task.cancel()
 
         request.on_cancel(cancel_paths)
-        start({t.name: t for t in request.inputs}, list(self._steps))
+        given: dict[str, InferInput | None] = {t.name: t for t in request.inputs}
+        start({**dict.fromkeys(self._optional), **given}, list(self._steps))
         while not all(task.done() for task in paths):
             await asyncio.gather(*list(paths), return_exceptions=True)
         return errors
@@ -332,15 +354,15 @@ class _Runner:
     async def _walk(
         self,
         request: InferRequest,
-        tensors: dict[str, InferInput],
+        tensors: dict[str, InferInput | None],
         remaining: list[_Step],
         deliver: Callable[[InferResponse], None],
-        fork: Callable[[dict[str, InferInput], list[_Step]], None],
+        fork: Callable[[dict[str, InferInput | None], list[_Step]], None],
         errors: list[EdgedError],
     ) -> None:
         """One path: a step starts as soon as its inputs exist; at a decoupled step (once the steps in flight are
         done) the path ends and each of that step's responses starts a path of its own through what is left."""
-        running: dict[asyncio.Task[dict[str, InferInput]], _Step] = {}
+        running: dict[asyncio.Task[dict[str, InferInput | None]], _Step] = {}
         try:
             while remaining or running:
                 for step in [s for s in remaining if all(t in tensors for t in s.inputs.values())]:
@@ -353,7 +375,8 @@ class _Runner:
                         return
                     running[asyncio.ensure_future(self._step(step, request, tensors))] = step
                 if not running:
-                    # Nothing in flight and steps left whose inputs never came (an optional input not given).
+                    # Nothing in flight and steps left whose inputs never came: the load-time checks make this
+                    # impossible, so it is a bug, and the request fails rather than waits forever.
                     raise EdgedError(
                         ErrorCode.INTERNAL,
                         f"in ensemble '{self._config.name}', step {remaining[0].index} (model '{remaining[0].model}') "
@@ -368,7 +391,7 @@ class _Runner:
                     if exc is not None:
                         raise self._step_error(step, exc)
                     tensors.update(task.result())
-            outputs = [_output(name, tensors[name]) for name in self._outputs if name in tensors]
+            outputs = [_output(name, found) for name in self._outputs if (found := tensors.get(name)) is not None]
             deliver(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
         except EdgedError as error:
             errors.append(error)
@@ -388,41 +411,62 @@ class _Runner:
         )
 
     async def _stream_step(
-        self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]
-    ) -> AsyncIterator[dict[str, InferInput]]:
+        self, step: _Step, request: InferRequest, tensors: dict[str, InferInput | None]
+    ) -> AsyncIterator[dict[str, InferInput | None]]:
         """Each response of a decoupled step, as the ensemble tensors it produces."""
-        sub = self._sub_request(step, request, tensors)
+        sub, batched = self._sub_request(step, request, tensors)
         async for item in self._server.infer_stream(sub):
             if item.error is not None:
                 raise self._step_error(step, item.error)
             if item.response is not None:
-                yield self._produced(step, item.response)
+                yield self._produced(step, item.response, batched)
 
-    def _sub_request(self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]) -> InferRequest:
+    def _sub_request(
+        self, step: _Step, request: InferRequest, tensors: dict[str, InferInput | None]
+    ) -> tuple[InferRequest, bool]:
+        """The step's request, and whether a batch dimension was put in front of its inputs (to take off again)."""
         inputs = []
+        batched = False
         for model_input, ensemble_tensor in step.inputs.items():
             source = tensors[ensemble_tensor]
-            inputs.append(InferInput(model_input, source.datatype, source.shape, source.data))
-        return InferRequest(
+            if source is None:
+                continue  # absent: the step runs without it
+            shape, data = source.shape, source.data
+            if step.batching and not self._batching and step.ranks and len(shape) == step.ranks.get(model_input):
+                shape = (1, *shape)
+                data = None if data is None else data.reshape(shape)
+                batched = True
+            inputs.append(InferInput(model_input, source.datatype, shape, data))
+        sub = InferRequest(
             model_name=step.model,
             model_version=step.version,
             id=request.id,
             inputs=inputs,
             outputs=[RequestedOutput(name) for name in step.outputs],
+            parameters=request.parameters,
         )
+        return sub, batched
 
     @staticmethod
-    def _produced(step: _Step, response: InferResponse) -> dict[str, InferInput]:
-        produced: dict[str, InferInput] = {}
+    def _produced(step: _Step, response: InferResponse, batched: bool) -> dict[str, InferInput | None]:
+        """The ensemble tensors a step's response gives: absent (None) for an output the model did not return."""
+        produced: dict[str, InferInput | None] = dict.fromkeys(step.outputs.values())
         for output in response.outputs:
             target = step.outputs.get(output.name)
             if target is not None:
-                produced[target] = InferInput(target, output.datatype, output.shape, output.data)
+                shape, data = output.shape, output.data
+                if batched and shape[:1] == (1,):
+                    shape = shape[1:]
+                    data = data.reshape(shape)
+                produced[target] = InferInput(target, output.datatype, shape, data)
         return produced
 
-    async def _step(self, step: _Step, request: InferRequest, tensors: dict[str, InferInput]) -> dict[str, InferInput]:
-        response = await self._server.infer(self._sub_request(step, request, tensors))
-        return self._produced(step, response)
+    async def _step(
+        self, step: _Step, request: InferRequest, tensors: dict[str, InferInput | None]
+    ) -> dict[str, InferInput | None]:
+        sub, batched = self._sub_request(step, request, tensors)
+        response = await self._server.infer(sub)
+        return self._produced(step, response, batched)
 
 
 def _output(name: str, tensor: InferInput) -> InferOutput:
