@@ -547,3 +547,21 @@ def test_an_ensemble_that_does_not_batch_feeds_a_step_that_does(ensemble_server:
     output = result.as_numpy("Y")
     assert output.shape == (len(values),)
     np.testing.assert_array_equal(output, values)
+
+
+def test_too_few_inputs_for_a_model_with_an_optional_one(ensemble_server: Server) -> None:
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("optional_echo", [])
+    assert info.value.message() == (
+        "[request id: <id_unknown>] expected number of inputs between 1 and 2 but got 0 inputs for model "
+        "'optional_echo'. Got input(s) [], but missing required input(s) ['A']. Please provide all required input(s)."
+    )
+    # Within the count but without a required input: Triton 2.51 hands it to the model, edged refuses it alike.
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("optional_echo", [_floats("B", [1.0])])
+    assert info.value.message() == (
+        "[request id: <id_unknown>] expected number of inputs between 1 and 2 but got 1 inputs for model "
+        "'optional_echo'. Got input(s) ['B'], but missing required input(s) ['A']. Please provide all required "
+        "input(s)."
+    )

@@ -174,9 +174,9 @@ def _input_count_message(signature: ModelSignature, request: InferRequest, prefi
     # Triton prints a lone "]" when nothing is missing (too many inputs); kept so messages match.
     missing_text = "[" + ",".join(f"'{n}'" for n in missing) + "]" if missing else "]"
     total, required = len(signature.inputs), len(signature.required_inputs)
-    expected = f"{total}" if total == required else f"number of inputs between {required} and {total}"
+    expected = f"{total} inputs" if total == required else f"number of inputs between {required} and {total}"
     return (
-        f"{prefix}expected {expected} inputs but got {len(request.inputs)} inputs for model "
+        f"{prefix}expected {expected} but got {len(request.inputs)} inputs for model "
         f"'{signature.model_name}'. Got input(s) {got}, but missing required input(s) {missing_text}. Please "
         "provide all required input(s)."
     )
