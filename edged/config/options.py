@@ -13,6 +13,7 @@ from edged.config.values import (
     check_certificate_role,
     check_channel,
     check_device_id,
+    check_header_pattern,
     check_metrics_config,
     check_rate,
     check_repository,
@@ -316,6 +317,19 @@ OPTIONS: Final[tuple[Option, ...]] = (
         False,
         "let clients register system shared memory regions for tensors (the shared memory extension)",
         metavar="BOOL",
+    ),
+    *(
+        Option(
+            f"{wire}-header-forward-pattern",
+            "str",
+            None,
+            f"forward the {title} request headers whose names this regular expression finds (any case unless it "
+            "starts with (?-i)) to the model as string request parameters",
+            metavar="REGEX",
+            check=check_header_pattern,
+            unset="none forwarded",
+        )
+        for wire, title in (("http", "HTTP"), ("grpc", "gRPC"))
     ),
     Option("allow-metrics", "bool", True, "serve Prometheus metrics", metavar="BOOL"),
     Option(

@@ -69,6 +69,8 @@ class Settings:
     http_root_cert: Path | None
     metrics_use_ssl: bool
     allow_client_shm: bool
+    http_header_forward_pattern: str | None
+    grpc_header_forward_pattern: str | None
     allow_metrics: bool
     metrics_address: str | None
     metrics_port: int

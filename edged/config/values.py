@@ -96,6 +96,12 @@ def check_certificate_role(value: Any) -> None:
     parse_certificate_role(str(value))
 
 
+def check_header_pattern(value: Any) -> None:
+    from edged.frontends.forwarding import header_pattern
+
+    header_pattern(str(value))
+
+
 def check_categories(value: Any) -> None:
     parse_categories(str(value))
 

@@ -18,6 +18,7 @@ import uvicorn
 
 from edged.core.access import AccessPolicy, Category
 from edged.frontends.access import AccessMiddleware
+from edged.frontends.forwarding import forward_pattern
 from edged.frontends.grpc import GrpcOptions, GrpcServer, inference_methods
 from edged.frontends.http import (
     ConnectionLimits,
@@ -294,6 +295,7 @@ def http_endpoint(
         max_input_size=settings.http_max_input_size,
         max_json_depth=settings.http_max_json_depth,
         max_upload_size=settings.upload_max_bytes,
+        forward_pattern=forward_pattern(settings.http_header_forward_pattern),
     )
     # The protocol's own inference path skips the ASGI app, and the policy with it: taken only when open to all.
     fast_infer = access.is_open(Category.INFERENCE, "http")
@@ -406,6 +408,7 @@ def grpc_options(settings: Settings) -> GrpcOptions:
         min_body_rate=settings.grpc_min_body_rate,
         max_buffered_bytes=settings.grpc_max_buffered_bytes,
         max_queued_stream_bytes=settings.grpc_max_queued_stream_bytes,
+        forward_pattern=forward_pattern(settings.grpc_header_forward_pattern),
     )
 
 

@@ -18,6 +18,7 @@ from edged.daemon.endpoints import UvicornEndpoint, bind_socket, connection_limi
 from edged.daemon.workers import GRPC_SOCKET, RELAY_SOCKET
 from edged.errors import EdgedError
 from edged.frontends.access import AccessMiddleware
+from edged.frontends.forwarding import forward_pattern
 from edged.frontends.http import HttpOptions, InferHttpProtocol
 from edged.frontends.http.access import http_category
 from edged.frontends.http.infer import INFER_PATH, InferRoute
@@ -83,6 +84,7 @@ async def serve(directory: Path, index: int, http_port: int, grpc_port: int) -> 
         max_input_size=settings.http_max_input_size,
         max_json_depth=settings.http_max_json_depth,
         max_upload_size=settings.upload_max_bytes,
+        forward_pattern=forward_pattern(settings.http_header_forward_pattern),
     )
     fast_infer = access.is_open(Category.INFERENCE, "http")
     refused = cast("Counter", RelayedCounter(relay, "http_refused"))

@@ -347,7 +347,13 @@ def ensemble_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ensemble_server(ensemble_repository: Path) -> Iterator[Server]:
-    with run_server([ensemble_repository], "--model-control-mode=explicit", "--load-model=*") as server:
+    with run_server(
+        [ensemble_repository],
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--http-header-forward-pattern=my_header|sequence_id",
+        "--grpc-header-forward-pattern=(?-i)my_header_3",
+    ) as server:
         yield server
 
 
@@ -565,3 +571,19 @@ def test_too_few_inputs_for_a_model_with_an_optional_one(ensemble_server: Server
         "'optional_echo'. Got input(s) ['B'], but missing required input(s) ['A']. Please provide all required "
         "input(s)."
     )
+
+
+def test_headers_the_pattern_finds_reach_the_model_as_parameters(ensemble_server: Server) -> None:
+    """--http-header-forward-pattern: each header it finds (any case) is a string parameter of the request, after
+    the request's own (so it wins over one of the same name), and reaches the ensemble's steps as they do. A name
+    edged reads as a field of the request (sequence_id) is never forwarded."""
+    client = httpclient.InferenceServerClient(ensemble_server.http_url)
+    headers = {"my_header_1": "from a header", "My_Header_2": "2", "other": "x", "sequence_id": "7"}
+    result = client.infer("optional_two", [_floats("A", [1.0])], headers=headers, parameters={"my_header_1": 1})
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {"my_header_1": "from a header", "my_header_2": "2"}
+    grpc = grpcclient.InferenceServerClient(ensemble_server.grpc_url)
+    tensor = grpcclient.InferInput("A", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    headers = {"my_header_3": "3", "my_header_4": "4"}
+    result = grpc.infer("optional_two", [tensor], headers=headers, parameters={"key": "value"})
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {"key": "value", "my_header_3": "3"}

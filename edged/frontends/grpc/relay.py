@@ -72,7 +72,9 @@ class RelayingServer:
             ],
         )
         # Only the inference RPCs of the servicer are ever served, and they call nothing but the inference path.
-        servicer = InferenceServicer(cast("InferenceService", service), options.max_queued_stream_bytes)
+        servicer = InferenceServicer(
+            cast("InferenceService", service), options.max_queued_stream_bytes, options.forward_pattern
+        )
         guard(servicer, access, {name: INFERENCE_SERVICE[name] for name in _LOCAL})
         served = methods([(servicer, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"])])
         table = {path: method for path, method in served.items() if path.rpartition(b"/")[2].decode() in _LOCAL}

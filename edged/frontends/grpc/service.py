@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from edged.errors import EdgedError, ErrorCode, invalid_arg, unavailable, unsupported
 from edged.frontends import kserve
+from edged.frontends.forwarding import forward_headers
 from edged.frontends.grpc.codec import (
     ENABLE_EMPTY_FINAL_RESPONSE,
     FINAL_RESPONSE,
@@ -42,7 +44,7 @@ from edged.proto import grpc_service_pb2 as pb
 from edged.proto import health_pb2
 
 if TYPE_CHECKING:
-    from edged.core.request.inference import StreamResponse
+    from edged.core.request.inference import ParameterValue, StreamResponse
     from edged.core.service import InferenceService, ModelHandle
     from edged.frontends.grpc.calls import Call
 
@@ -85,6 +87,8 @@ class GrpcOptions:
     max_buffered_bytes: int = 256 * 1024 * 1024
     # Bytes of replies a stream holds that its client has not read yet (see the module's docstring).
     max_queued_stream_bytes: int = 64 * 1024 * 1024
+    # Metadata forwarded to the model as request parameters (--grpc-header-forward-pattern); None forwards none.
+    forward_pattern: re.Pattern[str] | None = None
 
 
 def status_for(error: EdgedError) -> StatusCode:
@@ -169,9 +173,15 @@ class _LoadParameters:
 class InferenceServicer:
     """``inference.GRPCInferenceService``: every RPC, each a translation to one InferenceService call."""
 
-    def __init__(self, service: InferenceService, max_queued_stream_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        max_queued_stream_bytes: int = 64 * 1024 * 1024,
+        forward_pattern: re.Pattern[str] | None = None,
+    ) -> None:
         self._service = service
         self._max_queued = max_queued_stream_bytes
+        self._forward_pattern = forward_pattern
         # The reader task of every open stream, so that stopping can end them (see close_streams).
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -308,10 +318,27 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         # The call is cancelled when the client cancels, which stops the request wherever it waits.
         reply = pb.ModelInferResponse()
-        await self._infer(request, reply, streaming=False)
+        await self._infer(request, reply, streaming=False, forwarded=self._forwarded(context))
         return reply
 
-    async def _infer(self, request: Any, reply: Any, *, streaming: bool, model: ModelHandle | None = None) -> None:
+    def _forwarded(self, context: Any) -> dict[str, ParameterValue] | None:
+        """The call's metadata that --grpc-header-forward-pattern forwards to the model, as request parameters."""
+        if self._forward_pattern is None:
+            return None
+        texts = ((key, value) for key, value in context.invocation_metadata() or () if isinstance(value, str))
+        forwarded: dict[str, ParameterValue] = {}
+        forward_headers(self._forward_pattern, texts, forwarded)
+        return forwarded
+
+    async def _infer(
+        self,
+        request: Any,
+        reply: Any,
+        *,
+        streaming: bool,
+        model: ModelHandle | None = None,
+        forwarded: dict[str, ParameterValue] | None = None,
+    ) -> None:
         service = self._service
         # Every error is counted for the metrics history: by the service when its infer raised it, else here.
         running = False
@@ -323,6 +350,8 @@ class InferenceServicer:
             if not streaming and model.decoupled:
                 raise unsupported("ModelInfer RPC doesn't support models with decoupled transaction policy")
             decoded = decode_infer_request(request, version)
+            if forwarded:  # after the request's own: a header wins over a parameter of the same name
+                decoded.parameters.update(forwarded)
             running = True
             response = await service.infer(decoded, model)
             running = False
@@ -335,7 +364,8 @@ class InferenceServicer:
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Call) -> AsyncIterator[Any]:
         abort_on_error = _grpc_error_mode(context)
         pending: asyncio.Queue[_Replies | None] = asyncio.Queue(MAX_IN_FLIGHT_PER_STREAM)
-        reader = asyncio.create_task(self._read_stream(requests, pending, _Backlog(self._max_queued)))
+        forwarded = self._forwarded(context)
+        reader = asyncio.create_task(self._read_stream(requests, pending, _Backlog(self._max_queued), forwarded))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         if self._closing:
@@ -369,12 +399,16 @@ class InferenceServicer:
                     leftover.task.cancel()
 
     async def _read_stream(
-        self, requests: AsyncIterator[Any], pending: asyncio.Queue[_Replies | None], backlog: _Backlog
+        self,
+        requests: AsyncIterator[Any],
+        pending: asyncio.Queue[_Replies | None],
+        backlog: _Backlog,
+        forwarded: dict[str, ParameterValue] | None,
     ) -> None:
         try:
             async for request in requests:
                 replies = _Replies(backlog)
-                replies.task = asyncio.create_task(self._stream_one(request, replies))
+                replies.task = asyncio.create_task(self._stream_one(request, replies, forwarded))
                 try:
                     await pending.put(replies)
                 except asyncio.CancelledError:
@@ -388,9 +422,9 @@ class InferenceServicer:
             log.debug("gRPC stream read ended: %r", exc)
         await pending.put(None)
 
-    async def _stream_one(self, request: Any, replies: _Replies) -> None:
+    async def _stream_one(self, request: Any, replies: _Replies, forwarded: dict[str, ParameterValue] | None) -> None:
         try:
-            await self._stream_replies(request, replies)
+            await self._stream_replies(request, replies, forwarded)
         except EdgedError as exc:
             replies.put(encode_stream_error(request, exc), exc)
         except Exception:
@@ -400,7 +434,9 @@ class InferenceServicer:
         finally:
             replies.end()
 
-    async def _stream_replies(self, request: Any, replies: _Replies) -> None:
+    async def _stream_replies(
+        self, request: Any, replies: _Replies, forwarded: dict[str, ParameterValue] | None
+    ) -> None:
         service = self._service
         try:
             version = parse_version(request.model_version)
@@ -410,7 +446,7 @@ class InferenceServicer:
             raise
         if not model.decoupled:
             reply = pb.ModelStreamInferResponse()
-            await self._infer(request, reply.infer_response, streaming=True, model=model)
+            await self._infer(request, reply.infer_response, streaming=True, model=model, forwarded=forwarded)
             # A model that is not decoupled gives exactly one response, which is therefore the final one.
             reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
             replies.put(reply, None)
@@ -422,6 +458,8 @@ class InferenceServicer:
         except Exception:
             service.refused(model)
             raise
+        if forwarded:
+            decoded.parameters.update(forwarded)
         # What infer_stream raises or streams the service counts. A backlog overflow cancels the request, which the
         # statistics count as the model ends it: a cancelled failure, or a success if the model did not stop.
         items = service.infer_stream(decoded, model)

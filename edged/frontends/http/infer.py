@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from edged.core.request.inference import InferRequest
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.bodies import BodyTooLarge, declared_too_large, framing_of, streamed_too_large
+from edged.frontends.forwarding import forward_headers
 from edged.frontends.http.codec import (
     DEFAULT_MAX_JSON_DEPTH,
     decode_infer_request,
@@ -55,6 +56,8 @@ class HttpOptions:
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     # Largest model archive accepted by the upload route, which streams it to disk (--upload-max-bytes).
     max_upload_size: int = 2 * 1024**3
+    # Headers forwarded to the model as request parameters (--http-header-forward-pattern); None forwards none.
+    forward_pattern: re.Pattern[str] | None = None
 
 
 # ``POST /v2/models/{model}[/versions/{version}]/infer``, as ASGI gives the path (decoded).
@@ -105,6 +108,8 @@ async def answer_infer(
             request, binary_default = decode_infer_request(
                 model_name, version, body, header_length, options.max_json_depth
             )
+        if options.forward_pattern is not None:
+            forward_headers(options.forward_pattern, headers.items(), request.parameters)
         running = True
         response = await run(request, model)
         running = False
