@@ -129,8 +129,13 @@ def test_index_accepts_the_bodies_clients_send(server: Server, body: bytes) -> N
 
 def test_index_ready_must_be_a_bool(server: Server, client: httpclient.InferenceServerClient) -> None:
     reply = request(server.http_url, "POST", "/v2/repository/index", '{"ready":"x"}')
-    assert reply.status == 500
-    assert reply.error() == "attempt to access JSON non-boolean as boolean"
+    assert reply.status == 400
+    assert reply.error() == "Invalid value for 'ready': expected a boolean"
+    # Nested past any reasonable depth: refused without walking it, and the daemon serves on.
+    deep = '{"ready":' + "[" * 250_000 + "true" + "]" * 250_000 + "}"
+    reply = request(server.http_url, "POST", "/v2/repository/index", deep)
+    assert reply.status == 400
+    assert reply.error() == "JSON nesting depth exceeds maximum allowed limit (100)"
     assert_still_serving(client)
 
 

@@ -244,7 +244,8 @@ async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
         # The Python client sends the JSON string "" for "no options": anything but an object carries none.
         value = parsed.get("ready", False) if isinstance(parsed, dict) else False
         if not isinstance(value, bool):
-            raise EdgedError(ErrorCode.INTERNAL, "attempt to access JSON non-boolean as boolean")
+            # Triton 2.51 answers 500 "attempt to access JSON non-boolean as boolean"; its tests now expect this.
+            raise EdgedError(ErrorCode.INVALID_ARG, "Invalid value for 'ready': expected a boolean")
         ready = value
     return _json(kserve.repository_index(_service(request).repository_index(ready)))
 
