@@ -254,6 +254,15 @@ ensemble_scheduling { step [
     output_map { key: "OUTPUT0" value: "Y" } }
 ] }
 """
+# An ensemble of an ensemble: "doubler" (add_sub's OUTPUT0 of X and X) as its one step.
+NESTED_DOUBLER: Final = (
+    IO
+    + """
+ensemble_scheduling { step [
+  { model_name: "doubler" model_version: -1 input_map { key: "X" value: "X" } output_map { key: "OUT" value: "OUT" } }
+] }
+"""
+)
 # Ensembles Triton refuses, each with a part of the reason it gives.
 BROKEN: Final[dict[str, tuple[str, str]]] = {
     "unknown_member": (
@@ -462,16 +471,36 @@ def _ready(client: httpclient.InferenceServerClient) -> set[str]:
     return {entry["name"] for entry in client.get_model_repository_index() if entry.get("state") == "READY"}
 
 
-def test_an_ensemble_loads_once_its_models_do(tmp_path: Path) -> None:
+def test_loading_an_ensemble_loads_its_models(tmp_path: Path) -> None:
+    """As Triton in explicit mode: an ensemble named at start, or loaded through the API, loads the models its
+    steps name first; unloading one of them leaves the ensemble unready, and an ensemble unloaded on purpose stays
+    unloaded when its model loads again."""
     repo = tmp_path / "repo"
     repo.mkdir()
     modelgen.write_add_sub(repo / "add_sub", max_batch_size=8)
     _ensemble(repo, "doubler", IO + f"ensemble_scheduling {{ step [ {SIMPLE_STEP} ] }}")
+    _ensemble(repo, "outer", NESTED_DOUBLER)
+    _ensemble(repo, "missing_member", BROKEN["unknown_member"][0])
     with run_server([repo], "--model-control-mode=explicit", "--load-model=doubler") as server:
         client = httpclient.InferenceServerClient(server.http_url)
-        assert not client.is_model_ready("doubler")
+        assert client.is_model_ready("doubler") and client.is_model_ready("add_sub")
+        client.unload_model("doubler")
+        client.unload_model("add_sub")
+        assert _ready(client) == set()
+        # Through the API, across two levels of ensembles.
+        client.load_model("outer")
+        assert _ready(client) == {"outer", "doubler", "add_sub"}
+        tensor = httpclient.InferInput("X", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 16), 2, dtype=np.float32))
+        np.testing.assert_array_equal(client.infer("outer", [tensor]).as_numpy("OUT"), np.full((1, 16), 4))
+        client.unload_model("add_sub")
+        assert not client.is_model_ready("doubler") and not client.is_model_ready("outer")
+        client.unload_model("outer")
         client.load_model("add_sub")
-        assert client.is_model_ready("doubler")
+        assert _ready(client) == {"add_sub", "doubler"}
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("missing_member")
+        assert "depends on model nowhere, which is not available" in info.value.message()
         shutil.rmtree(repo / "doubler")
 
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from edged.core.access import ACTOR, DOOR
 from edged.core.names import model_name_problem, printable
-from edged.core.repository.ensembles import ensembles_last, is_ensemble
+from edged.core.repository.ensembles import composing_models, ensembles_last, is_ensemble
 from edged.core.repository.files import FolderPrint, checksum, fingerprint
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
 from edged.core.repository.modes import ControlMode, ControlOptions, Origin
@@ -290,9 +290,13 @@ class ModelController:
         private: Path | None = None,
         desired: bool = False,
         activation: Activation | None = None,
+        loading: frozenset[str] = frozenset(),
     ) -> None:
         """Load under the model's lock (which versions serve: versions.py); ``desired``: a request's load, then
-        recorded (explicit mode) as to be served, before the lock goes, so that an unload after it records after."""
+        recorded (explicit mode) as to be served, before the lock goes, so that an unload after it records after.
+        ``loading``: the ensembles whose loads led here (so that a cycle of ensembles ends)."""
+        if (desired or origin is Origin.STARTUP) and self._options.mode is ControlMode.EXPLICIT:
+            await self._load_composing(name, origin, private, loading | {name})
         async with self._lock(name):
             pin = self.versions.pin_for(name, desired, activation)
             before = self._manager.ready_versions(name)
@@ -305,6 +309,28 @@ class ModelController:
                 if self._options.mode is ControlMode.EXPLICIT:
                     await self._records.set_desired(name, pin)
         await self._retry_ensembles(name, origin)
+
+    async def _load_composing(self, name: str, origin: Origin, private: Path | None, loading: frozenset[str]) -> None:
+        """As Triton in explicit mode: an ensemble's load first loads the models its steps name that are not ready
+        (from the repository, ensembles among them in turn). One that fails is logged; the ensemble's own load then
+        fails naming it."""
+        if private is not None:
+            folder: Path | None = private
+        else:
+            source = (await self._scan()).models.get(name)
+            folder = source.path if source is not None else None
+        if folder is None:
+            return
+        members = await asyncio.get_running_loop().run_in_executor(self._load_pool, composing_models, folder)
+        for member in members:
+            entry = self._manager.entry(member)
+            if member in loading or (entry is not None and entry.state is ModelState.READY):
+                continue
+            log.info("loading model '%s', which ensemble '%s' uses", member, name)
+            try:
+                await self._load(member, origin, desired=True, loading=loading)
+            except EdgedError as exc:
+                log.warning("model '%s', which ensemble '%s' uses, did not load: %s", member, name, exc.message)
 
     async def _retry_ensembles(self, loaded: str, origin: Origin) -> None:
         """An ensemble that could not load for want of a model may load now that ``loaded`` did."""

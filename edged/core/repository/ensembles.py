@@ -1,10 +1,13 @@
 """Ensembles as model control orders them: an ensemble loads after the models it is made of, which it checks at
-load, so control tells one from its folder before loading anything."""
+load, so control tells one from its folder before loading anything; in explicit mode, loading an ensemble loads the
+models its steps name first, as Triton does."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
+
+from edged.errors import EdgedError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -17,6 +20,20 @@ def ensembles_last(names: Iterable[str], scan: ScanResult) -> tuple[list[str], l
     """``names`` in two groups to load one after the other: the ensembles second."""
     ensembles = [name for name in names if name in scan.models and is_ensemble(scan.models[name].path)]
     return [name for name in names if name not in ensembles], ensembles
+
+
+def composing_models(model_dir: Path) -> list[str]:
+    """The models an ensemble's steps name, in step order (none for a folder that is not an ensemble, or whose
+    config does not parse: its own load then says why)."""
+    if not is_ensemble(model_dir):
+        return []
+    from edged.core.config.model_config import parse_model_config
+
+    try:
+        config = parse_model_config((model_dir / "config.pbtxt").read_text(encoding="utf-8"), "config.pbtxt")
+    except (OSError, UnicodeDecodeError, EdgedError):
+        return []
+    return list(dict.fromkeys(step.model_name for step in config.ensemble_scheduling.step))
 
 
 def is_ensemble(model_dir: Path) -> bool:
