@@ -134,6 +134,8 @@ class Settings:
             raise ValueError("no model repository: give --model-repository PATH")
         state_dir = values["state_dir"]
         state = Path(state_dir).resolve() if state_dir is not None else default_state_dir(environ)
+        # A repository given twice is one repository, as Triton counts them (Triton's own tests pass one twice).
+        given = list(dict.fromkeys(url if is_remote(url) else str(Path(url).resolve()) for url in given))
         remote = tuple(url for url in given if is_remote(url))
         repositories: list[Path] = []
         if remote:
@@ -145,7 +147,7 @@ class Settings:
             elif not Path(repository).is_dir():
                 raise ValueError(f"model repository '{repository}' is not a readable directory")
             else:
-                repositories.append(Path(repository).resolve())
+                repositories.append(Path(repository))
         backend_config = parse_backend_config(values["backend_config"])
         default_max_batch_size = 4
         raw = backend_config.get("", {}).get("default-max-batch-size")

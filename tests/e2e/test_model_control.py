@@ -622,3 +622,18 @@ def test_a_state_database_that_cannot_be_used_stops_the_start(tmp_path: Path) ->
     assert "Traceback" not in completed.stderr
     errors = [line for line in completed.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and str(state / "edged.db") in errors[0], completed.stderr
+
+
+def test_a_repository_given_twice_is_one_repository(tmp_path: Path) -> None:
+    """Triton's own tests start it with the same --model-repository twice: its models are not "in more than one
+    model repository", and a load with a config override works."""
+    repo = tmp_path / "repo"
+    modelgen.write_add_sub(repo / "twice", max_batch_size=8)
+    again = tmp_path / "." / "repo"
+    with run_server([repo, again], "--model-control-mode=explicit", "--load-model=twice") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("twice")
+        config = client.get_model_config("twice")
+        config["max_batch_size"] = 2
+        client.load_model("twice", config=json.dumps(config), headers=bearer(api_token(server)))
+        assert client.get_model_config("twice")["max_batch_size"] == 2
