@@ -399,6 +399,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "bool",
         False,
         "require complete config.pbtxt files instead of reading missing fields from the models",
+        # Triton's older name for the same setting, which its own tests still pass.
+        aliases=("strict-model-config",),
         metavar="BOOL",
     ),
     Option("model-load-thread-count", "int", 4, "models loaded in parallel", low=1, metavar="N"),

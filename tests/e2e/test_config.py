@@ -119,6 +119,12 @@ def test_model_repositories_and_relative_paths_per_layer(tmp_path: Path, monkeyp
     settings = resolve(["--model-store", "d", "--state-dir", str(tmp_path / "flag-state")], environ)
     assert settings.model_repositories == [d.resolve()]
     assert settings.state_dir == (tmp_path / "flag-state").resolve()
+    # The same folder twice, however spelt, is one repository (Triton's own tests pass one twice).
+    assert resolve(["--model-repository", "d", "--model-repository", str(d)], environ).model_repositories == [
+        d.resolve()
+    ]
+    # Triton's older name of --disable-auto-complete-config, which its tests still pass.
+    assert resolve(["--model-store", "d", "--strict-model-config=true"], environ).auto_complete_config is False
 
 
 def test_the_default_file_is_read_when_it_exists(tmp_path: Path) -> None:
