@@ -255,6 +255,21 @@ def test_large_bytes_tensor(python_client: httpclient.InferenceServerClient) -> 
     np.testing.assert_array_equal(result.as_numpy("OUTPUT_BYTES"), array)
 
 
+def test_an_empty_tensor_after_another_reaches_the_model_and_back(
+    python_client: httpclient.InferenceServerClient,
+) -> None:
+    """The last tensor of a message empty: it has no bytes to lie past the payload's end (the stub once died so)."""
+    full = httpclient.InferInput("INPUT_FP32", [1, 1], "FP32")
+    full.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+    empty = httpclient.InferInput("INPUT_UINT32", [1, 0], "UINT32")
+    empty.set_data_from_numpy(np.zeros((1, 0), dtype=np.uint32))
+    outputs = [httpclient.InferRequestedOutput("OUTPUT_FP32"), httpclient.InferRequestedOutput("OUTPUT_UINT32")]
+    for _ in range(3):  # through the message itself and, once the stub has a ring, the same way again
+        result = python_client.infer("identity_python", [full, empty], outputs=outputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT_FP32"), np.ones((1, 1)))
+        assert result.as_numpy("OUTPUT_UINT32").shape == (1, 0)
+
+
 def test_bytes_that_are_not_utf8_are_never_altered(
     python_client: httpclient.InferenceServerClient, python_grpc_client: grpcclient.InferenceServerClient
 ) -> None:

@@ -174,6 +174,21 @@ def test_bytes_tensors_travel_in_their_binary_form() -> None:
     consumer.close()
 
 
+def test_an_empty_tensor_after_another_travels_inline() -> None:
+    """A zero-element tensor last in a message: its aligned offset lies past the payload's end, and reading it must
+    not fail (a stub that failed here died with "outside the message's payload")."""
+    writer = ipc.TensorWriter()
+    first = writer.add("INPUT", "FP32", [1], np.ones(1, dtype=np.float32))
+    empty = writer.add("DELAY", "UINT32", [0], np.zeros(0, dtype=np.uint32))
+    inline = writer.inline()
+    assert inline is not None
+    payload = memoryview(b"".join(bytes(part) for part in inline[0]))
+    consumer = shm.Consumer()
+    np.testing.assert_array_equal(ipc.read_tensor(consumer, first, copy=True, payload=payload), [1.0])
+    assert ipc.read_tensor(consumer, empty, copy=True, payload=payload).shape == (0,)
+    consumer.close()
+
+
 @pytest.mark.parametrize("fast", [True, False], ids=["msgspec", "json module"])
 def test_stub_messages_read_the_same_with_or_without_msgspec(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model's own interpreter may lack msgspec: the stub then speaks the same JSON through the json module."""

@@ -186,8 +186,10 @@ class TensorWriter:
         end = 0
         for desc, data in self._items:
             offset = desc.pop("o")
-            desc["p"] = offset
             length = desc["b"]
+            # An empty tensor takes no room: its offset may lie past the payload's end (when it comes last), so it
+            # names the payload's start, where zero bytes are always found.
+            desc["p"] = offset if length else 0
             if length == 0:
                 continue
             if offset > end:
