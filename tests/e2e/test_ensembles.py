@@ -504,6 +504,21 @@ def test_loading_an_ensemble_loads_its_models(tmp_path: Path) -> None:
         shutil.rmtree(repo / "doubler")
 
 
+def test_an_ensemble_of_ensembles_is_ready_after_start(tmp_path: Path) -> None:
+    """Every model loaded at start (Triton's default mode): the outer ensemble loads the one it uses first instead of
+    racing it (it stayed UNAVAILABLE, and the server unready, when it loaded first)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    modelgen.write_add_sub(repo / "add_sub", max_batch_size=8)
+    _ensemble(repo, "doubler", IO + f"ensemble_scheduling {{ step [ {SIMPLE_STEP} ] }}")
+    _ensemble(repo, "outer", NESTED_DOUBLER)
+    _ensemble(repo, "outermost", NESTED_DOUBLER.replace('model_name: "doubler"', 'model_name: "outer"'))
+    with run_server([repo]) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_server_ready()
+        assert all(client.is_model_ready(name) for name in ("add_sub", "doubler", "outer", "outermost"))
+
+
 def test_a_decoupled_step_streams_through_the_rest_of_the_graph(ensemble_server: Server) -> None:
     client = grpcclient.InferenceServerClient(ensemble_server.grpc_url)
     responses: list[Any] = []

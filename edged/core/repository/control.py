@@ -295,7 +295,8 @@ class ModelController:
         """Load under the model's lock (which versions serve: versions.py); ``desired``: a request's load, then
         recorded (explicit mode) as to be served, before the lock goes, so that an unload after it records after.
         ``loading``: the ensembles whose loads led here (so that a cycle of ensembles ends)."""
-        if (desired or origin is Origin.STARTUP) and self._options.mode is ControlMode.EXPLICIT:
+        explicit = self._options.mode is ControlMode.EXPLICIT
+        if (desired and explicit) or origin is Origin.STARTUP:
             await self._load_composing(name, origin, private, loading | {name})
         async with self._lock(name):
             pin = self.versions.pin_for(name, desired, activation)
@@ -313,7 +314,7 @@ class ModelController:
     async def _load_composing(self, name: str, origin: Origin, private: Path | None, loading: frozenset[str]) -> None:
         """As Triton in explicit mode: an ensemble's load first loads the models its steps name that are not ready
         (from the repository, ensembles among them in turn). One that fails is logged; the ensemble's own load then
-        fails naming it."""
+        fails naming it. At start, in every mode, so that an ensemble of ensembles does not race the one it uses."""
         if private is not None:
             folder: Path | None = private
         else:
@@ -323,12 +324,17 @@ class ModelController:
             return
         members = await asyncio.get_running_loop().run_in_executor(self._load_pool, composing_models, folder)
         for member in members:
+            if member in loading:
+                continue
+            async with self._lock(member):
+                pass  # a load of it already under way (another ensemble's, or the start's own) ends first
             entry = self._manager.entry(member)
-            if member in loading or (entry is not None and entry.state is ModelState.READY):
+            if entry is not None and entry.state is ModelState.READY:
                 continue
             log.info("loading model '%s', which ensemble '%s' uses", member, name)
             try:
-                await self._load(member, origin, desired=True, loading=loading)
+                explicit = self._options.mode is ControlMode.EXPLICIT
+                await self._load(member, origin, desired=explicit, loading=loading)
             except EdgedError as exc:
                 log.warning("model '%s', which ensemble '%s' uses, did not load: %s", member, name, exc.message)
 
