@@ -508,9 +508,11 @@ def test_poll_mode_follows_the_repository(tmp_path: Path) -> None:
         os.utime(written)  # written whole, now: it settles
         _wait(lambda: client.is_model_ready("late"), "the written model to load")
         assert [e["state"] for e in _history(server, "late")["events"]].count("UNAVAILABLE") == 0
-        # A removed model is unloaded.
-        shutil.rmtree(late)
+        # A removed model is unloaded; put back as it was (a copy that keeps its files' times), it loads again.
+        shutil.move(late, tmp_path / "late-aside")
         _wait(lambda: not client.is_model_ready("late"), "the removed model to unload")
+        shutil.copytree(tmp_path / "late-aside", late)
+        _wait(lambda: client.is_model_ready("late"), "the model put back to load")
 
 
 # --- models that manage models (pb_utils.load_model / unload_model) -------------------------------------------

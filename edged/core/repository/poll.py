@@ -27,6 +27,9 @@ class FolderWatch:
 
     def __init__(self) -> None:
         self._previous: dict[str, Any] = {}
+        # Models whose folder went away: one that comes back is loaded even when its files are the very ones it
+        # had (a copy that keeps modification times), since what was loaded from them is gone.
+        self._gone: set[str] = set()
 
     def changes(
         self,
@@ -42,6 +45,8 @@ class FolderWatch:
             folder = prints.get(name)
             if folder is None:
                 self._previous.pop(name, None)
+                if entry(name) is not None:
+                    self._gone.add(name)
                 if serves(name):
                     log.info("model '%s' was removed from the repository: unloading it", name)
                     unload.append(name)
@@ -49,11 +54,13 @@ class FolderWatch:
             key = folder.key()
             previous, self._previous[name] = self._previous.get(name), key
             current = entry(name)
-            if current is not None and current.folder is not None and current.folder.key() == key:
+            back = name in self._gone
+            if not back and current is not None and current.folder is not None and current.folder.key() == key:
                 continue  # unchanged since it was loaded
             if previous != key or not is_settled(folder, SETTLE_S):
                 log.debug("model folder '%s' changed; waiting for it to settle", name)
                 continue
-            log.info("model folder '%s' changed: loading it", name)
+            log.info("model folder '%s' %s: loading it", name, "is back" if back else "changed")
+            self._gone.discard(name)
             load.append(name)
         return unload, load
