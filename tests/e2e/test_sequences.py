@@ -489,3 +489,46 @@ def test_direct_slots_below_a_ready_one_get_null_requests(sequence_server: Serve
     assert total == 1000 and info["rows"] == [[True, 3004, 1000]]
     total, info = _send(client, "acc_slots", 3003, 1)
     assert total == 101 and info["rows"] == [[False, 0, 0], [False, 0, 0], [True, 3003, 1]]
+
+
+def _cancelled_count(server: Server, model: str) -> int:
+    reply = request(server.metrics_url, "GET", "/metrics")
+    prefix = f'nv_inference_request_failure{{model="{model}",reason="CANCELED",version="1"}}'
+    for line in reply.body.decode().splitlines():
+        if line.startswith(prefix):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_cancelling_a_queued_request_cancels_its_sequence(sequence_server: Server, sequence_repository: Path) -> None:
+    """As Triton (qa/L0_request_cancellation): the sequence's queued requests are answered CANCELLED without
+    running, the request it was running finishes, and the sequence is over."""
+    client = grpcclient.InferenceServerClient(sequence_server.grpc_url)
+    http = httpclient.InferenceServerClient(sequence_server.http_url, concurrency=2)
+    before = _cancelled_count(sequence_server, "acc_slots")
+    answers: list[tuple[Any, Any]] = []
+
+    def tensor(value: int) -> list[grpcclient.InferInput]:
+        made = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        made.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+        return [made]
+
+    first = http.async_infer("acc_slots", _inputs(99), sequence_id=600, sequence_start=True)
+    try:
+        _wait_until("sequence 600 holds the instance", _holding(sequence_server, 600))
+        queued = [
+            client.async_infer("acc_slots", tensor(n), lambda result, error: answers.append((result, error)),
+                               sequence_id=600)
+            for n in (1, 2)
+        ]  # fmt: skip
+        _wait_until("two requests queue", lambda: _pending(sequence_server, "acc_slots") == 2)
+        queued[0].cancel()
+        _wait_until("both are cancelled", lambda: _cancelled_count(sequence_server, "acc_slots") == before + 2)
+        assert _pending(sequence_server, "acc_slots") == 0
+    finally:
+        (sequence_repository / "acc_slots" / "release-600").touch()
+    assert int(first.get_result().as_numpy("OUTPUT")[0, 0]) == 99
+    _wait_until("the second queued request is answered", lambda: len(answers) >= 1)
+    assert all(result is None and "CANCELLED" in str(error.status()) for result, error in answers), answers
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        http.infer("acc_slots", _inputs(1), sequence_id=600)

@@ -9,7 +9,9 @@ Every request reaches the model with the control inputs its config names (START,
 types the config gives) and, for ``state`` entries, the sequence's implicit state: the state output of the previous
 request (the initial state at START) goes in as the state input, and the state output is kept, not returned.
 
-Requests of one sequence run one after the other, in order. With the ``direct`` strategy (the default) a sequence
+Requests of one sequence run one after the other, in order. Cancelling a queued request cancels its sequence, as in
+Triton: the requests it has queued are answered CANCELLED without running, and it ends once the request it may be
+running is done. With the ``direct`` strategy (the default) a sequence
 keeps the instance and the batch slot it started on for its whole life, each instance having ``max_batch_size``
 slots (more sequences wait until one ends): a batch's row *i* is always slot *i*'s sequence, and, as in Triton, a slot
 whose sequence has nothing to run, below the highest slot that has, is filled with a "null" request (zeros, READY
@@ -111,6 +113,8 @@ class _Sequence:
     slot: int = -1  # direct strategy: its row in the instance's batches
     pending: deque[_Pending] = field(default_factory=deque)
     running: bool = False
+    # Cancelled while a request of it ran: released once that request is done.
+    cancelled: bool = False
     state: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
 
 
@@ -275,7 +279,32 @@ class SequenceBatcher:
             return result
         except asyncio.CancelledError:
             request.cancel()
+            if pending in sequence.pending:
+                self._cancel_sequence(sequence)
             raise
+
+    def _cancel_sequence(self, sequence: _Sequence) -> None:
+        """A queued request of the sequence was cancelled: as in Triton, the whole sequence is. Its queued requests
+        are answered CANCELLED without running, and it ends (once the request it may be running is done), so a
+        later request for it needs the START flag."""
+        now = time.monotonic_ns()
+        while sequence.pending:
+            pending = sequence.pending.popleft()
+            pending.request.cancel()
+            self._stats.pending -= 1
+            self._in_flight -= 1
+            self._stats.record_failure(now - pending.request.arrival_ns, FailureReason.CANCELED)
+            if not pending.future.done():
+                pending.future.set_result(EdgedError(ErrorCode.CANCELLED, "the request was cancelled"))
+        log.info("sequence %s of model '%s' was cancelled", sequence.key, self._model)
+        if sequence.running:
+            sequence.cancelled = True  # released when its running request is done
+            if self._sequences.get(sequence.key) is sequence:
+                del self._sequences[sequence.key]
+        else:
+            self._release(sequence)
+        if self._in_flight == 0:
+            self._idle.set()
 
     async def drain(self) -> None:
         await self._idle.wait()
@@ -501,7 +530,7 @@ class SequenceBatcher:
                 elif result is not None and self._states:
                     self._keep_state(sequence, result)
                 self._stats.record_success(1, now - request.arrival_ns, started - request.arrival_ns, timing)
-            if (pending.end or self._iterative) and not sequence.pending:
+            if (pending.end or self._iterative or sequence.cancelled) and not sequence.pending:
                 self._release(sequence)
             if not pending.future.done():
                 pending.future.set_result(result)
