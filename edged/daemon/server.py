@@ -36,6 +36,7 @@ from edged.core.accounts import Accounts
 from edged.core.audit import AuditLog
 from edged.core.devices import DeviceInventory
 from edged.core.metrics_history import MetricsHistory
+from edged.core.names import printable
 from edged.core.repository.archives import ArchiveLimits
 from edged.core.repository.control import ModelController
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState
@@ -276,6 +277,10 @@ class ModelsPart:
             log.error("%s is UNAVAILABLE: %s", what, reason)
         if failed and self._settings.exit_on_error:
             raise StartupError(f"{len(failed)} model(s) failed to load and --exit-on-error is set")
+        missing = self._core.controller.missing_at_start
+        if missing and self._settings.exit_on_error:
+            named = ", ".join(f"'{printable(name)}'" for name in missing)
+            raise StartupError(f"model {named} not found in any model repository and --exit-on-error is set")
 
     def stopping(self) -> None:
         pass

@@ -122,6 +122,17 @@ def test_serve_exits_on_error_when_asked(small_repository: Path) -> None:
     assert "edged ready" not in result.stderr
 
 
+def test_serve_exits_when_a_startup_model_is_nowhere_and_asked_to(small_repository: Path) -> None:
+    """As Triton: --load-model naming a model no repository holds is an error at start (logged; fatal with
+    --exit-on-error)."""
+    explicit = ("--model-repository", str(small_repository), "--model-control-mode=explicit")
+    result = _serve(*explicit, "--load-model=does-not-exist", "--exit-on-error=true")
+    _no_traceback(result)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "model 'does-not-exist' not found in any model repository and --exit-on-error is set" in result.stderr
+    assert "edged ready" not in result.stderr
+
+
 def test_serve_needs_a_repository() -> None:
     result = _serve()
     assert result.returncode == 2

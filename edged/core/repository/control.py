@@ -69,6 +69,8 @@ class ModelController:
         self._retiring: set[asyncio.Task[None]] = set()
         self._watch = FolderWatch()
         self._poller: asyncio.Task[None] | None = None
+        # --load-model names no repository holds (explicit mode), for --exit-on-error.
+        self.missing_at_start: list[str] = []
         self.versions = VersionActivation(self, manager, self._records, self._transition)
         manager.listing = self._repository_names
 
@@ -83,6 +85,9 @@ class ModelController:
         scan = await self._scan()
         if self._options.mode is ControlMode.EXPLICIT:
             wanted = set(self._options.startup_models)
+            self.missing_at_start = sorted(name for name in wanted - {"*"} if name not in scan.models)
+            for name in self.missing_at_start:
+                log.error("model '%s' is not loaded at start: model not found in any model repository", printable(name))
             if "*" in wanted:
                 wanted = set(scan.models)
             wanted |= self.versions.restore(await self._records.desired())
