@@ -12,6 +12,7 @@ from edged.config.values import (
     check_categories,
     check_certificate_role,
     check_channel,
+    check_config_name,
     check_device_id,
     check_header_pattern,
     check_metrics_config,
@@ -175,6 +176,15 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "cancelled with an error",
         low=1,
         metavar="BYTES",
+    ),
+    Option(
+        "grpc-max-response-pool-size",
+        "int",
+        0,
+        "most responses a gRPC stream holds unread by its client; past this a decoupled model's next response waits "
+        "for the client to read (0: no count, --grpc-max-queued-stream-bytes only)",
+        low=0,
+        metavar="N",
     ),
     Option(
         "frontend-workers",
@@ -404,6 +414,25 @@ OPTIONS: Final[tuple[Option, ...]] = (
         metavar="BOOL",
     ),
     Option("model-load-thread-count", "int", 4, "models loaded in parallel", low=1, metavar="N"),
+    Option(
+        "model-load-retry-count",
+        "int",
+        0,
+        "times a model version that fails to load is loaded again before it is given up",
+        low=0,
+        high=100,
+        metavar="N",
+    ),
+    Option(
+        "model-config-name",
+        "str",
+        None,
+        "read each model's configuration from configs/NAME.pbtxt in its folder where there is one, else from "
+        "config.pbtxt",
+        metavar="NAME",
+        unset="none",
+        check=check_config_name,
+    ),
     Option(
         "model-control-mode",
         "choice",

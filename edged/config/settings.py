@@ -71,6 +71,7 @@ class Settings:
     allow_client_shm: bool
     http_header_forward_pattern: str | None
     grpc_header_forward_pattern: str | None
+    grpc_max_response_pool_size: int
     allow_metrics: bool
     metrics_address: str | None
     metrics_port: int
@@ -86,6 +87,8 @@ class Settings:
     strict_readiness: bool
     auto_complete_config: bool
     model_load_thread_count: int
+    model_load_retry_count: int
+    model_config_name: str | None
     model_control_mode: str
     repository_poll_secs: float
     load_models: tuple[str, ...]

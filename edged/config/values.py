@@ -71,6 +71,15 @@ def check_channel(value: Any) -> None:
         raise ValueError(problem)
 
 
+def check_config_name(value: Any) -> None:
+    """A --model-config-name: a file name without its extension, never a path (Triton adds ``.pbtxt``)."""
+    name = str(value)
+    if not name or name in {".", ".."} or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(
+            f"expected a configuration name without a path or extension (configs/NAME.pbtxt), got '{name}'"
+        )
+
+
 def check_device_id(value: Any) -> None:
     from edged.sync.fleet import device_id_problem
 

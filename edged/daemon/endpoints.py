@@ -408,6 +408,7 @@ def grpc_options(settings: Settings) -> GrpcOptions:
         min_body_rate=settings.grpc_min_body_rate,
         max_buffered_bytes=settings.grpc_max_buffered_bytes,
         max_queued_stream_bytes=settings.grpc_max_queued_stream_bytes,
+        response_pool=settings.grpc_max_response_pool_size,
         forward_pattern=forward_pattern(settings.grpc_header_forward_pattern),
     )
 

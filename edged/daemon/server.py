@@ -152,6 +152,8 @@ class Core:
                 auto_complete=settings.auto_complete_config,
                 default_max_batch_size=settings.default_max_batch_size,
                 load_thread_count=settings.model_load_thread_count,
+                load_retry_count=settings.model_load_retry_count,
+                config_name=settings.model_config_name,
                 devices=devices,
                 request_observer=latencies.observer,
             ),

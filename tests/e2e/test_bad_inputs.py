@@ -896,3 +896,42 @@ class TestStreamBacklog:
             replies = list(stub.ModelStreamInfer(iter([_flood_request(count, 16, "steady")]), timeout=60))
         assert [r.error_message for r in replies if r.error_message] == []
         assert len(replies) == count
+
+    def test_a_response_pool_makes_the_model_wait_for_its_reader(self, site: Site, tmp_path: Path) -> None:
+        # Triton's --grpc-max-response-pool-size, at its smallest: a stream holds one reply unread. A reading client
+        # still gets every response of several requests on one stream, in order (the request being written waits
+        # on its own replies only: later ones filling the pool cannot stall it); one that reads nothing is
+        # cancelled at the byte bound, which covers what the model sends while it waits, as without a pool.
+        bound = 8 * MIB
+        with run_server(
+            [site.repository],
+            "--model-control-mode=explicit",
+            "--load-model=flood",
+            "--grpc-max-response-pool-size=1",
+            f"--grpc-max-queued-stream-bytes={bound}",
+            f"--state-dir={tmp_path / 'state'}",
+        ) as server:
+            with grpc.insecure_channel(server.grpc_url) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                requests = [_flood_request(300, 64, f"pooled-{n}") for n in range(3)]
+                replies = list(stub.ModelStreamInfer(iter(requests), timeout=120))
+            assert [r.error_message for r in replies if r.error_message] == []
+            assert [r.infer_response.id for r in replies] == [f"pooled-{n}" for n in range(3) for _ in range(300)]
+            before = _rss_bytes(server)
+            with grpc.insecure_channel(server.grpc_url) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                unread = stub.ModelStreamInfer(iter([_flood_request(40_000, 16 * 1024, "pooled-flood")]))
+                peak = _peak_rss_until_steady(
+                    server, after=lambda: "request 'pooled-flood' cancelled after " in server.log()
+                )
+                got = []
+                for reply in unread:
+                    got.append(reply)
+                    if reply.error_message:
+                        break
+                unread.cancel()
+            assert peak - before < 3 * bound + 16 * MIB, f"RSS grew by {(peak - before) // MIB} MiB"
+            assert got[-1].error_message == (
+                f"request 'pooled-flood' was cancelled: its stream holds more than {bound} bytes of responses that "
+                "the client has not read"
+            )

@@ -639,3 +639,83 @@ def test_a_repository_given_twice_is_one_repository(tmp_path: Path) -> None:
         config["max_batch_size"] = 2
         client.load_model("twice", config=json.dumps(config), headers=bearer(api_token(server)))
         assert client.get_model_config("twice")["max_batch_size"] == 2
+
+
+def test_a_named_configuration_is_read_where_a_model_has_one(tmp_path: Path) -> None:
+    """Triton's --model-config-name: configs/<name>.pbtxt in a model's folder replaces its config.pbtxt while it is
+    there; poll mode follows it coming and going, and a model without one reads its config.pbtxt."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    model = _add_sub(repo, "named", versions=(1, 2, 3), policy="version_policy { specific { versions: [1, 3] } }\n")
+    _add_sub(repo, "plain")
+    custom = (model / "config.pbtxt").read_text(encoding="utf-8").replace("versions: [1, 3]", "versions: [2]")
+    (model / "configs").mkdir()
+    with run_server(
+        [repo],
+        "--model-control-mode=poll",
+        "--repository-poll-secs=0.3",
+        "--model-config-name=custom",
+        f"--state-dir={tmp_path / 'state'}",
+    ) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+
+        def ready() -> list[bool]:
+            return [client.is_model_ready("named", str(v)) for v in (1, 2, 3)]
+
+        assert ready() == [True, False, True]
+        assert client.is_model_ready("plain")
+        (model / "configs" / "custom.pbtxt").write_text(custom, encoding="utf-8")
+        _wait(lambda: ready() == [False, True, False], "the named configuration to be loaded")
+        assert client.get_model_config("named")["version_policy"] == {"specific": {"versions": [2]}}
+        (model / "configs" / "custom.pbtxt").unlink()
+        _wait(lambda: ready() == [True, False, True], "config.pbtxt to be loaded again")
+        assert client.is_model_ready("plain")
+
+
+RETRIED_MODEL: Final = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # Fails its first load, as a model whose device is not up yet: the file it leaves tells the next load.
+        tried = os.path.join(args["model_repository"], args["model_version"], "tried")
+        if not os.path.exists(tried):
+            open(tried, "x").close()
+            raise pb_utils.TritonModelException("the device is not up yet")
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def test_a_failed_load_is_retried_as_often_as_asked(tmp_path: Path) -> None:
+    """Triton's --model-load-retry-count: without it a version that fails to load stays unavailable; with it the
+    load is tried again and the model serves."""
+    repo = tmp_path / "repo"
+    (repo / "retried" / "1").mkdir(parents=True)
+    (repo / "retried" / "1" / "model.py").write_text(RETRIED_MODEL, encoding="utf-8")
+    (repo / "retried" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n',
+        encoding="utf-8",
+    )
+    with run_server([repo], f"--state-dir={tmp_path / 'once'}", "--strict-readiness=false") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert not client.is_model_ready("retried")
+        assert "the device is not up yet" in _index(client)[("retried", "1")]["reason"]
+    (repo / "retried" / "1" / "tried").unlink()
+    with run_server([repo], f"--state-dir={tmp_path / 'twice'}", "--model-load-retry-count=1") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("retried")
+        data = np.array([1.5, 2.5], dtype=np.float32)
+        tensor = httpclient.InferInput("IN", [2], "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer("retried", [tensor]).as_numpy("OUT"), data)
+        assert "loading 'retried' version 1 again (retry 1 of 1)" in server.log()

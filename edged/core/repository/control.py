@@ -43,7 +43,7 @@ from edged.core.repository.plan import plan_versions
 from edged.core.repository.poll import FolderWatch
 from edged.core.repository.private_copies import PrivateCopies, private_root
 from edged.core.repository.records import ControlRecords
-from edged.core.repository.scan import ModelSource, scan_repositories
+from edged.core.repository.scan import CONFIG_FILENAME, ModelSource
 from edged.core.repository.versions import Activation, VersionActivation
 from edged.errors import EdgedError, ErrorCode
 
@@ -321,13 +321,13 @@ class ModelController:
         (from the repository, ensembles among them in turn). One that fails is logged; the ensemble's own load then
         fails naming it. At start, in every mode, so that an ensemble of ensembles does not race the one it uses."""
         if private is not None:
-            folder: Path | None = private
+            config_file: Path | None = private / CONFIG_FILENAME
         else:
             source = (await self._scan()).models.get(name)
-            folder = source.path if source is not None else None
-        if folder is None:
+            config_file = source.config_path if source is not None else None
+        if config_file is None:
             return
-        members = await asyncio.get_running_loop().run_in_executor(self._load_pool, composing_models, folder)
+        members = await asyncio.get_running_loop().run_in_executor(self._load_pool, composing_models, config_file)
         for member in members:
             if member in loading:
                 continue
@@ -355,7 +355,7 @@ class ModelController:
                 and other.wanted
                 and other.state is not ModelState.READY
                 and other.source.path.is_dir()
-                and is_ensemble(other.source.path)
+                and is_ensemble(other.source.config_path)
             ):
                 try:
                     await self._load(
@@ -584,16 +584,14 @@ class ModelController:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def _scan(self) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._load_pool, scan_repositories, self._manager.repositories
-        )
+        return await asyncio.get_running_loop().run_in_executor(self._load_pool, self._manager.scan)
 
     def _repository_names(self) -> list[str]:
         """Models in the repositories that were never loaded: Triton's index lists them by name (explicit mode)."""
         if self._options.mode is not ControlMode.EXPLICIT:
             return []
         try:
-            return sorted(scan_repositories(self._manager.repositories).models)
+            return sorted(self._manager.scan().models)
         except EdgedError:
             return []
 

@@ -21,6 +21,7 @@ from edged.core.config.validation import validate_instance_groups, validate_mode
 from edged.core.devices import DeviceInventory
 from edged.core.repository.scan import (
     ModelSource,
+    ScanResult,
     fill_backend_fields,
     model_file,
     read_labels,
@@ -132,6 +133,10 @@ class ManagerOptions:
     auto_complete: bool = True
     default_max_batch_size: int = 4
     load_thread_count: int = 4
+    # Times a failed version load is tried again (--model-load-retry-count).
+    load_retry_count: int = 0
+    # --model-config-name: configs/<name>.pbtxt instead of config.pbtxt where a model folder has one.
+    config_name: str | None = None
     # What instance groups may ask for; the daemon passes what DeviceInventory.discover() found.
     devices: DeviceInventory = field(default_factory=DeviceInventory)
     # Given every successful request of every model (the metrics' latency summaries and histograms), if anything.
@@ -155,6 +160,10 @@ class ModelRepositoryManager:
     @property
     def repositories(self) -> list[Path]:
         return self._options.repositories
+
+    def scan(self) -> ScanResult:
+        """The model folders of the repositories as they are now (blocking: reads the disk)."""
+        return scan_repositories(self._options.repositories, self._options.config_name)
 
     @property
     def devices(self) -> DeviceInventory:
@@ -183,7 +192,7 @@ class ModelRepositoryManager:
 
     async def load_all(self) -> None:
         """Load every model of every repository (model control mode ``none``)."""
-        scan = scan_repositories(self._options.repositories)
+        scan = self.scan()
         for name, source in scan.models.items():
             entry = ModelEntry(source, ModelState.LOADING)
             self._models[name] = entry
@@ -329,6 +338,22 @@ class ModelRepositoryManager:
         )
 
     def load_version(self, source: ModelSource, config: ModelConfig, number: int) -> ModelVersion:
+        """Blocking: load one version, tried again up to --model-load-retry-count times when it fails."""
+        for attempt in range(self._options.load_retry_count + 1):
+            if attempt:
+                log.warning(
+                    "loading '%s' version %d again (retry %d of %d)",
+                    source.name,
+                    number,
+                    attempt,
+                    self._options.load_retry_count,
+                )
+            version = self._load_version_once(source, config, number)
+            if version.state is ModelState.READY:
+                break
+        return version
+
+    def _load_version_once(self, source: ModelSource, config: ModelConfig, number: int) -> ModelVersion:
         version = ModelVersion(source.name, number, ModelState.LOADING, config=config, model_dir=source.path)
         try:
             if config.WhichOneof("scheduling_choice") == "sequence_batching":

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONFIG_FILENAME = "config.pbtxt"
+# Where a model folder keeps configurations chosen by name (--model-config-name), as Triton does.
+CUSTOM_CONFIGS = "configs"
 
 # Platform -> backend, and backend -> default model file name, as Triton's core defines them.
 BACKEND_BY_PLATFORM: dict[str, str] = {
@@ -69,9 +71,15 @@ class ModelSource:
     name: str
     path: Path
     repository: Path
+    # --model-config-name: the model's config is configs/<name>.pbtxt in its folder while that file exists.
+    config_name: str | None = None
 
     @property
     def config_path(self) -> Path:
+        if self.config_name is not None:
+            custom = self.path / CUSTOM_CONFIGS / f"{self.config_name}.pbtxt"
+            if custom.is_file():
+                return custom
         return self.path / CONFIG_FILENAME
 
     def relative(self, path: Path) -> str:
@@ -89,7 +97,7 @@ class ScanResult:
     duplicates: dict[str, list[Path]]
 
 
-def scan_repositories(repositories: list[Path]) -> ScanResult:
+def scan_repositories(repositories: list[Path], config_name: str | None = None) -> ScanResult:
     models: dict[str, ModelSource] = {}
     seen: dict[str, list[Path]] = {}
     for repository in repositories:
@@ -107,7 +115,7 @@ def scan_repositories(repositories: list[Path]) -> ScanResult:
                 _refuse_folder(entry.path, problem)
                 continue
             seen.setdefault(entry.name, []).append(repository)
-            models[entry.name] = ModelSource(entry.name, Path(entry.path), repository)
+            models[entry.name] = ModelSource(entry.name, Path(entry.path), repository, config_name)
     duplicates = {name: repos for name, repos in seen.items() if len(repos) > 1}
     return ScanResult(models, duplicates)
 

@@ -11,7 +11,7 @@ from google.protobuf import text_format
 
 from edged.core.devices import instance_placements
 from edged.core.repository.manager import ModelState
-from edged.core.repository.scan import scan_repositories, version_numbers
+from edged.core.repository.scan import version_numbers
 
 if TYPE_CHECKING:
     from edged.core.devices import DeviceInventory
@@ -60,7 +60,7 @@ class ModelSummary:
 
 def summaries(manager: ModelRepositoryManager, devices: DeviceInventory) -> list[ModelSummary]:
     """Every model of the repositories, loaded or not, by name."""
-    scan = scan_repositories(manager.repositories)
+    scan = manager.scan()
     names = sorted(set(scan.models) | set(manager.names()))
     out: list[ModelSummary] = []
     for name in names:

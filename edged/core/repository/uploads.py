@@ -49,7 +49,7 @@ from edged.core.repository.files import sync_directory
 from edged.core.repository.manager import ModelState, VersionsUnavailable
 from edged.core.repository.modes import ControlMode, Origin
 from edged.core.repository.probation import watch
-from edged.core.repository.scan import CONFIG_FILENAME, ModelSource, is_version_name, scan_repositories
+from edged.core.repository.scan import CONFIG_FILENAME, ModelSource, is_version_name
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ class ModelUploads:
 
     def _where(self, name: str) -> tuple[ModelSource | None, Path]:
         """The model's folder if it exists, and the repository it is (or a new model goes) in."""
-        scan = scan_repositories(self._manager.repositories)
+        scan = self._manager.scan()
         if name in scan.duplicates:
             raise conflict(f"model '{name}' exists in more than one model repository: it cannot be uploaded to")
         existing = scan.models.get(name)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from edged.core.names import model_name_problem, printable
 from edged.core.repository.modes import ControlMode, Origin
-from edged.core.repository.scan import ModelSource, scan_repositories, version_numbers
+from edged.core.repository.scan import ModelSource, version_numbers
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class VersionActivation:
         problem = model_name_problem(name)
         if problem is not None:
             raise EdgedError(ErrorCode.INVALID_ARG, f"{what}: it cannot be a model name ({problem})")
-        scan = await asyncio.to_thread(scan_repositories, self._manager.repositories)
+        scan = await asyncio.to_thread(self._manager.scan)
         source: ModelSource | None = scan.models.get(name)
         if source is None:
             raise EdgedError(ErrorCode.NOT_FOUND, f"{what}: there is no model '{name}' in the model repository")

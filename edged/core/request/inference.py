@@ -119,18 +119,35 @@ class ResponseStream:
 
     Written by the backend and read by the service, both on the event loop; the final response ends it."""
 
-    __slots__ = ("_queue", "finished")
+    __slots__ = ("_queue", "finished", "nbytes", "on_put")
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
         self.finished = False
+        # The bytes of output data queued and not read yet: a reader that makes the model wait for its client
+        # (gRPC's response pool) bounds what piles up here by it, told of each new response by ``on_put``.
+        self.nbytes = 0
+        self.on_put: Callable[[], None] | None = None
 
     def put(self, item: StreamResponse) -> None:
         if self.finished:
             return  # nothing may follow the final response
         if item.final:
             self.finished = True
+        self.nbytes += _queued_size(item)
         self._queue.put_nowait(item)
+        if self.on_put is not None:
+            self.on_put()
 
     async def get(self) -> StreamResponse:
-        return await self._queue.get()
+        item = await self._queue.get()
+        self.nbytes -= _queued_size(item)
+        return item
+
+
+def _queued_size(item: StreamResponse) -> int:
+    # What a queued response holds beyond its data (the objects, the queue entry), so that empty ones count too.
+    overhead = 512
+    if item.response is None:
+        return overhead
+    return overhead + sum(output.data.nbytes for output in item.response.outputs)

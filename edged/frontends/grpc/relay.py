@@ -73,7 +73,10 @@ class RelayingServer:
         )
         # Only the inference RPCs of the servicer are ever served, and they call nothing but the inference path.
         servicer = InferenceServicer(
-            cast("InferenceService", service), options.max_queued_stream_bytes, options.forward_pattern
+            cast("InferenceService", service),
+            options.max_queued_stream_bytes,
+            options.forward_pattern,
+            options.response_pool,
         )
         guard(servicer, access, {name: INFERENCE_SERVICE[name] for name in _LOCAL})
         served = methods([(servicer, pb.DESCRIPTOR.services_by_name["GRPCInferenceService"])])

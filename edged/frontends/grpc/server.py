@@ -46,7 +46,9 @@ def inference_methods(
     service: InferenceService, options: GrpcOptions, access: AccessPolicy | None
 ) -> tuple[dict[bytes, Method], InferenceServicer]:
     """Both services' RPCs, each behind ``access`` when given; and the servicer, whose streams ``stop`` ends."""
-    servicer = InferenceServicer(service, options.max_queued_stream_bytes, options.forward_pattern)
+    servicer = InferenceServicer(
+        service, options.max_queued_stream_bytes, options.forward_pattern, options.response_pool
+    )
     health = HealthServicer(service)
     if access is not None:
         guard(servicer, access, INFERENCE_SERVICE)

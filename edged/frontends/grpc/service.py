@@ -15,6 +15,10 @@ answer without end while a client reads nothing, and the backend cannot be told 
 reply finds the stream over that bound is cancelled and answered with an error (UNAVAILABLE, as a full queue is in
 Triton). The bound is in bytes, not replies: a client that reads keeps up with a model sending many small replies
 faster than the daemon writes them, while a few large ones are what exhausts memory.
+
+With a response pool (``response_pool``, Triton's ``--grpc-max-response-pool-size``) a stream also holds at most
+that many replies: a decoupled request past it waits for the client to read before its next reply is encoded, and
+what its model sends meanwhile waits in the core's response stream, under the same byte bound.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from edged.proto import grpc_service_pb2 as pb
 from edged.proto import health_pb2
 
 if TYPE_CHECKING:
-    from edged.core.request.inference import ParameterValue, StreamResponse
+    from edged.core.request.inference import ParameterValue, ResponseStream, StreamResponse
     from edged.core.service import InferenceService, ModelHandle
     from edged.frontends.grpc.calls import Call
 
@@ -87,6 +91,8 @@ class GrpcOptions:
     max_buffered_bytes: int = 256 * 1024 * 1024
     # Bytes of replies a stream holds that its client has not read yet (see the module's docstring).
     max_queued_stream_bytes: int = 64 * 1024 * 1024
+    # Most replies a stream holds unread before a decoupled model waits for its client (0: bounded by bytes only).
+    response_pool: int = 0
     # Metadata forwarded to the model as request parameters (--grpc-header-forward-pattern); None forwards none.
     forward_pattern: re.Pattern[str] | None = None
 
@@ -178,9 +184,11 @@ class InferenceServicer:
         service: InferenceService,
         max_queued_stream_bytes: int = 64 * 1024 * 1024,
         forward_pattern: re.Pattern[str] | None = None,
+        response_pool: int = 0,
     ) -> None:
         self._service = service
         self._max_queued = max_queued_stream_bytes
+        self._response_pool = response_pool
         self._forward_pattern = forward_pattern
         # The reader task of every open stream, so that stopping can end them (see close_streams).
         self._readers: set[asyncio.Task[None]] = set()
@@ -365,7 +373,8 @@ class InferenceServicer:
         abort_on_error = _grpc_error_mode(context)
         pending: asyncio.Queue[_Replies | None] = asyncio.Queue(MAX_IN_FLIGHT_PER_STREAM)
         forwarded = self._forwarded(context)
-        reader = asyncio.create_task(self._read_stream(requests, pending, _Backlog(self._max_queued), forwarded))
+        backlog = _Backlog(self._max_queued, self._response_pool)
+        reader = asyncio.create_task(self._read_stream(requests, pending, backlog, forwarded))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         if self._closing:
@@ -376,6 +385,7 @@ class InferenceServicer:
                 replies = await pending.get()
                 if replies is None:
                     break
+                backlog.moved(replies)
                 # Each request's replies in turn (a decoupled model gives any number), in the order requests came.
                 while True:
                     item = await replies.get()
@@ -467,6 +477,8 @@ class InferenceServicer:
             async for item in items:
                 if replies.backlog_full():
                     raise replies.overflow(request.id)
+                if replies.pool_full() and not await replies.room(decoded.stream):
+                    raise replies.overflow(request.id)
                 _put_stream_item(request, model, item, empty_final, replies)
         finally:
             # Left early (a full backlog), the request is cancelled now, not once the generator is collected.
@@ -498,13 +510,46 @@ def _put_stream_item(
 
 class _Backlog:
     """The bytes of one stream's replies produced and not yet written (of all its requests together), and their
-    bound."""
+    bound; with a response pool (--grpc-max-response-pool-size), their count too, which makes a decoupled model wait
+    for the client rather than fail."""
 
-    __slots__ = ("limit", "queued")
+    __slots__ = ("_moved", "head", "held", "limit", "pool", "queued")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, pool: int = 0) -> None:
         self.limit = limit
         self.queued = 0
+        self.pool = pool
+        self.held = 0
+        # The request whose replies are being written: it waits only on its own replies, since the writer reads
+        # nothing else until it ends, and a later request's replies filling the pool must not stall it.
+        self.head: _Replies | None = None
+        self._moved = asyncio.Event()
+
+    def moved(self, head: _Replies | None = None) -> None:
+        """A reply was written (or, with ``head``, the writer moved on to that request): waiters look again."""
+        if head is not None:
+            self.head = head
+        if self.pool:
+            self._moved.set()
+
+    def full_for(self, replies: _Replies) -> bool:
+        return (replies.held() if replies is self.head else self.held) >= self.pool
+
+    async def room(self, replies: _Replies, stream: ResponseStream | None) -> bool:
+        """Wait until ``replies`` may add one; False when what the model sent meanwhile, waiting in ``stream``,
+        passes the byte bound, as a model that never waits would."""
+        if stream is not None:
+            stream.on_put = self.moved
+        try:
+            while self.full_for(replies):
+                if stream is not None and self.queued + stream.nbytes >= self.limit:
+                    return False
+                self._moved.clear()
+                await self._moved.wait()
+            return True
+        finally:
+            if stream is not None:
+                stream.on_put = None
 
 
 class _Replies:
@@ -522,7 +567,18 @@ class _Replies:
         # is what a decoupled model adds (backlog_full); past the bound each request adds at most its error.
         size = reply.ByteSize() + _REPLY_OVERHEAD
         self._backlog.queued += size
+        self._backlog.held += 1
         self._queue.put_nowait((reply, error, size))
+
+    def held(self) -> int:
+        return self._queue.qsize()
+
+    def pool_full(self) -> bool:
+        """Whether a response pool holds as many replies as it may: room() then waits for the client to read."""
+        return self._backlog.pool > 0 and self._backlog.full_for(self)
+
+    async def room(self, stream: ResponseStream | None) -> bool:
+        return await self._backlog.room(self, stream)
 
     def end(self) -> None:
         self._queue.put_nowait(None)
@@ -543,6 +599,8 @@ class _Replies:
             return None
         reply, error, size = item
         self._backlog.queued -= size
+        self._backlog.held -= 1
+        self._backlog.moved()
         return reply, error
 
 
