@@ -9,9 +9,9 @@ Modes, as Triton's ``--model-control-mode``:
   the daemon stopped (the desired set kept in the state database); the repository API loads and unloads.
 
 No downtime: a version is (re)loaded beside the one serving and takes requests only once READY; the one it
-replaces stops taking requests at that moment, finishes those it has (never interrupted), then unloads. A version
-that fails to load leaves the one serving in place, and the failure is recorded. A version whose files and config
-did not change is kept as it is.
+replaces stops taking requests at that moment, finishes those it has (never interrupted), then unloads
+(retirement.py). A version that fails to load leaves the one serving in place, and the failure is recorded. A
+version whose files and config did not change is kept as it is.
 
 Poll mode never loads a folder that is still being written (poll.py decides what a poll acts on).
 
@@ -43,6 +43,7 @@ from edged.core.repository.plan import plan_versions
 from edged.core.repository.poll import FolderWatch
 from edged.core.repository.private_copies import PrivateCopies, private_root
 from edged.core.repository.records import ControlRecords
+from edged.core.repository.retirement import Retirements
 from edged.core.repository.scan import CONFIG_FILENAME, ModelSource
 from edged.core.repository.versions import Activation, VersionActivation
 from edged.errors import EdgedError, ErrorCode
@@ -66,7 +67,7 @@ class ModelController:
         self._records = ControlRecords(store)
         self._load_pool = ThreadPoolExecutor(max(1, options.load_thread_count), thread_name_prefix="edged-load")
         self._locks: dict[str, asyncio.Lock] = {}
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._retirements = Retirements(self._load_pool, self._transition)
         self._watch = FolderWatch()
         self._poller: asyncio.Task[None] | None = None
         # --load-model names no repository holds (explicit mode), for --exit-on-error.
@@ -120,8 +121,7 @@ class ModelController:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        if self._retiring:
-            await asyncio.gather(*self._retiring, return_exceptions=True)
+        await self._retirements.wait()
         self._load_pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
@@ -184,7 +184,7 @@ class ModelController:
             if entry is not None:
                 for version in entry.versions.values():
                     if version.state is ModelState.READY:
-                        tasks.append(self._retire(version, origin))
+                        tasks.append(self._retirements.retire(version, origin))
                 entry.state, entry.wanted = ModelState.UNAVAILABLE, False
             if self._options.mode is ControlMode.EXPLICIT:
                 # Committed before the answer, under the lock, so a load that follows records after it.
@@ -220,7 +220,7 @@ class ModelController:
             kept = {id(v) for v in before.versions.values()} if before is not None else set()
             for version in entry.versions.values() if entry is not None else ():
                 if version.state is ModelState.READY and id(version) not in kept:
-                    self._retire(version, origin)
+                    self._retirements.retire(version, origin)
             if before is None:
                 self._manager.forget(name)
             else:
@@ -466,7 +466,7 @@ class ModelController:
         entry.state = ModelState.READY if serves else ModelState.UNAVAILABLE
         self._manager.put_entry(entry)
         for version in retire:
-            self._retire(version, origin)
+            self._retirements.retire(version, origin)
         return failures
 
     async def _resize(self, version: ModelVersion, source: ModelSource, config: ModelConfig, origin: Origin) -> bool:
@@ -535,33 +535,6 @@ class ModelController:
             entry.reason = reason
         self._manager.put_entry(entry)
         self._transition(name, None, ModelState.UNAVAILABLE.value, origin, reason, duration_s=seconds)
-
-    # --- unloading ----------------------------------------------------------------------------------------------
-
-    def _retire(self, version: ModelVersion, origin: Origin) -> asyncio.Task[None]:
-        """Stop routing requests to ``version`` now; unload it once those it has are answered."""
-        version.state = ModelState.UNLOADING
-        self._transition(version.name, version.version, ModelState.UNLOADING.value, origin)
-        task = asyncio.get_running_loop().create_task(self._unload_when_idle(version, origin))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-        return task
-
-    async def _unload_when_idle(self, version: ModelVersion, origin: Origin) -> None:
-        started = time.monotonic()
-        if version.scheduler is not None:
-            await version.scheduler.drain()
-        backend_model, version.backend_model, version.scheduler = version.backend_model, None, None
-        if backend_model is not None:
-            try:
-                await asyncio.get_running_loop().run_in_executor(self._load_pool, backend_model.unload)
-            except Exception:
-                log.exception("unloading '%s' version %d failed", version.name, version.version)
-        version.state, version.reason = ModelState.UNAVAILABLE, "unloaded"
-        log.info("model '%s' version %d unloaded", version.name, version.version)
-        self._transition(
-            version.name, version.version, "UNLOADED", origin, "unloaded", duration_s=time.monotonic() - started
-        )
 
     # --- private copies (loads with override files) -------------------------------------------------------------
 
