@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import resource
 import socket
@@ -499,5 +500,11 @@ def bind_socket(what: str, address: str, port: int, *, share_port: bool = False,
         sock.bind(where)
     except OSError as exc:
         sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            # Triton's words, which scripts written for it look for.
+            service = {"gRPC": "GRPC", "metrics": "Metrics"}.get(what, what)
+            raise StartupError(
+                f"failed to start {service} service: Unavailable - Socket '{address}:{port}' already in use"
+            ) from None
         raise StartupError(f"the {what} endpoint cannot listen on {address}:{port}: {exc.strerror}") from None
     return sock

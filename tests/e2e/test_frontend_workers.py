@@ -669,4 +669,7 @@ def test_a_shared_port_still_refuses_a_second_daemon(workers_server: Server, tmp
         "--allow-console=false",
     )
     assert done.returncode == 1
-    assert f"the HTTP endpoint cannot listen on 127.0.0.1:{workers_server.http_port}" in done.stderr + done.stdout
+    assert (
+        f"failed to start HTTP service: Unavailable - Socket '127.0.0.1:{workers_server.http_port}' already in use"
+        in done.stderr + done.stdout
+    )

@@ -89,5 +89,8 @@ def test_grpc_port_in_use_exits_with_one_clear_line(small_repository: Path, tmp_
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert TRACEBACK_MARKER not in output
-    assert f"exiting: the gRPC endpoint cannot listen on 127.0.0.1:{grpc_port}: Address already in use" in output
+    # Triton's words for a port in use, which scripts written for it look for.
+    assert (
+        f"exiting: failed to start GRPC service: Unavailable - Socket '127.0.0.1:{grpc_port}' already in use" in output
+    )
     assert "edged ready" not in output
