@@ -643,11 +643,15 @@ def test_a_repository_given_twice_is_one_repository(tmp_path: Path) -> None:
 
 def test_a_named_configuration_is_read_where_a_model_has_one(tmp_path: Path) -> None:
     """Triton's --model-config-name: configs/<name>.pbtxt in a model's folder replaces its config.pbtxt while it is
-    there; poll mode follows it coming and going, and a model without one reads its config.pbtxt."""
+    there; poll mode follows it coming and going, and a model without one reads its config.pbtxt. Other folders that
+    are not versions are ignored with a warning."""
     repo = tmp_path / "repo"
     repo.mkdir()
     model = _add_sub(repo, "named", versions=(1, 2, 3), policy="version_policy { specific { versions: [1, 3] } }\n")
-    _add_sub(repo, "plain")
+    plain = _add_sub(repo, "plain")
+    # Folders that are not versions are ignored, each said once (in Triton's words) however often poll mode looks.
+    shutil.copytree(plain / "1", plain / "003")
+    (plain / "abc").mkdir()
     custom = (model / "config.pbtxt").read_text(encoding="utf-8").replace("versions: [1, 3]", "versions: [2]")
     (model / "configs").mkdir()
     with run_server(
@@ -670,6 +674,11 @@ def test_a_named_configuration_is_read_where_a_model_has_one(tmp_path: Path) -> 
         (model / "configs" / "custom.pbtxt").unlink()
         _wait(lambda: ready() == [True, False, True], "config.pbtxt to be loaded again")
         assert client.is_model_ready("plain")
+        assert [e["version"] for e in client.get_model_repository_index() if e["name"] == "plain"] == ["1"]
+        log = server.log()
+        assert log.count("ignore version directory '003' which contains leading zeros in its directory name") == 1
+        assert log.count("ignore version directory 'abc' which fails to convert to integral number") == 1
+        assert "ignore version directory 'configs'" not in log
 
 
 RETRIED_MODEL: Final = """

@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from edged.core.names import model_name_problem, printable
 from edged.errors import EdgedError, ErrorCode
@@ -135,12 +135,39 @@ def is_version_name(name: str) -> bool:
 
 
 def version_numbers(source: ModelSource) -> list[int]:
-    """Every version folder of a model, ascending."""
+    """Every version folder of a model, ascending. Other folders are ignored, with a warning (once) for one that
+    looks meant as a version."""
     try:
         entries = list(os.scandir(source.path))
     except OSError:
         return []
-    return sorted(int(e.name) for e in entries if e.is_dir() and is_version_name(e.name))
+    numbers = []
+    for entry in entries:
+        if not entry.is_dir():
+            continue
+        if is_version_name(entry.name):
+            numbers.append(int(entry.name))
+        elif entry.name not in _MODEL_FOLDERS and not entry.name.startswith("."):
+            _ignore_folder(entry.path, entry.name)
+    return sorted(numbers)
+
+
+# Folders a model folder holds beside its versions (named configurations, warmup data, a Python model's packed
+# environment): never versions, so nothing is said about them.
+_MODEL_FOLDERS: Final = frozenset({CUSTOM_CONFIGS, "warmup", "__pycache__"})
+# Folders already reported as not versions: poll mode reads every model folder every few seconds.
+_ignored_folders: set[str] = set()
+
+
+def _ignore_folder(path: str, name: str) -> None:
+    if path in _ignored_folders:
+        return
+    _ignored_folders.add(path)
+    # Triton's words, which scripts written for it look for.
+    if name.isascii() and name.isdigit():
+        log.warning("ignore version directory '%s' which contains leading zeros in its directory name", name)
+    else:
+        log.warning("ignore version directory '%s' which fails to convert to integral number", printable(name))
 
 
 def select_versions(config: ModelConfig, available: list[int]) -> list[int]:
