@@ -85,7 +85,7 @@ class Option:
             if isinstance(value, bool):
                 return self._checked(value)
             if isinstance(value, str):
-                return self._checked(parse_bool(value))
+                return self.from_text(value, base)  # "" is unset where the default is
             raise ValueError(f"expected a boolean, got {describe_value(value)}")
         if self.kind == "int":
             if isinstance(value, int) and not isinstance(value, bool):

@@ -409,9 +409,15 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "bool",
         False,
         "require complete config.pbtxt files instead of reading missing fields from the models",
-        # Triton's older name for the same setting, which its own tests still pass.
-        aliases=("strict-model-config",),
         metavar="BOOL",
+    ),
+    Option(
+        "strict-model-config",
+        "bool",
+        None,
+        "Triton's older name for --disable-auto-complete-config (deprecated), which wins over it when both are given",
+        metavar="BOOL",
+        unset="not given",
     ),
     Option("model-load-thread-count", "int", 4, "models loaded in parallel", low=1, metavar="N"),
     Option(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ from edged.core.access import (
 )
 from edged.frontends.metrics.config import MetricsConfig, parse_metrics_config
 from edged.state.directory import default_state_dir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,9 @@ class Settings:
             "device_id": values["device_id"] or socket.gethostname(),
             "server_id": values["id"],
             "metrics_config": parse_metrics_config(values["metrics_config"]),
-            "auto_complete_config": not values["disable_auto_complete_config"],
+            "auto_complete_config": auto_complete(
+                values["disable_auto_complete_config"], values["strict_model_config"]
+            ),
             "load_models": tuple(values["load_model"]),
             "state_dir": state,
             "default_max_batch_size": default_max_batch_size,
@@ -189,6 +194,7 @@ DERIVED: Final = {
     "id": "server_id",
     "metrics_config": "metrics_config",
     "disable_auto_complete_config": "auto_complete_config",
+    "strict_model_config": "auto_complete_config",
     "load_model": "load_models",
     "state_dir": "state_dir",
     "backend_config": "backend_config",
@@ -198,6 +204,22 @@ DERIVED: Final = {
     "trust_loopback": "access",
     "client_certificate_role": "access",
 }
+
+
+def auto_complete(disable: bool, strict: bool | None) -> bool:
+    """Whether configs are completed from the models: Triton's rule for its two flags, with its warnings."""
+    if strict is not None:
+        log.warning(
+            "Warning: '--strict-model-config' has been deprecated! Please use '--disable-auto-complete-config' instead."
+        )
+    if disable:
+        if strict is False:
+            log.warning(
+                "Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+                "'--disable-auto-complete-config'!"
+            )
+        return False
+    return not strict
 
 
 def access_options(values: Mapping[str, Any]) -> AccessOptions:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -101,6 +102,21 @@ def test_each_layer_overrides_the_one_below(
         assert getattr(resolve([*base, *flags], environ), attribute) == in_flags != in_env
 
 
+def test_the_deprecated_strict_flag_warns_as_triton_does(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (repo,) = _repos(tmp_path, "repo")
+    with caplog.at_level(logging.WARNING, logger="edged.config.settings"):
+        resolve(["--model-store", str(repo), "--disable-auto-complete-config", "--strict-model-config=false"], {})
+    assert caplog.messages == [
+        "Warning: '--strict-model-config' has been deprecated! Please use '--disable-auto-complete-config' instead.",
+        "Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+        "'--disable-auto-complete-config'!",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="edged.config.settings"):
+        resolve(["--model-store", str(repo), "--disable-auto-complete-config"], {})
+    assert caplog.messages == []
+
+
 def test_model_repositories_and_relative_paths_per_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     etc = tmp_path / "etc"
     a, b, c, d = _repos(tmp_path, "etc/models", "b", "c", "d")
@@ -123,8 +139,14 @@ def test_model_repositories_and_relative_paths_per_layer(tmp_path: Path, monkeyp
     assert resolve(["--model-repository", "d", "--model-repository", str(d)], environ).model_repositories == [
         d.resolve()
     ]
-    # Triton's older name of --disable-auto-complete-config, which its tests still pass.
+    # Triton's older name of --disable-auto-complete-config, which its tests still pass; the new flag wins.
     assert resolve(["--model-store", "d", "--strict-model-config=true"], environ).auto_complete_config is False
+    assert resolve(["--model-store", "d", "--strict-model-config=false"], environ).auto_complete_config is True
+    for both in (
+        ["--model-store", "d", "--disable-auto-complete-config", "--strict-model-config=false"],
+        ["--model-store", "d", "--strict-model-config=false", "--disable-auto-complete-config"],
+    ):
+        assert resolve(both, environ).auto_complete_config is False
 
 
 def test_the_default_file_is_read_when_it_exists(tmp_path: Path) -> None:
