@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from conftest import BROKEN_SYNTAX_POSITION, GOOD_MODELS
-from server import Server, assert_still_serving, request
+from server import Server, assert_still_serving, request, run_server
 from tritonclient.utils import InferenceServerException
 
 
@@ -269,3 +269,34 @@ def test_unreadable_onnx_file_is_unavailable_with_onnxruntime_reason(client: htt
     # onnxruntime names the file by its absolute path; the reason names it within the model folder.
     assert "1/model.onnx" in entry["reason"]
     assert "/tmp" not in entry["reason"] and "pytest" not in entry["reason"]
+
+
+@pytest.mark.parametrize("auto_complete", [True, False])
+def test_a_model_without_versions_is_told_what_is_wrong_with_its_config_first(
+    tmp_path: Path, auto_complete: bool
+) -> None:
+    """As Triton checks a config when it scans the repository: no backend to be found is said before the missing
+    version, and so, when configs are not completed from the model, is anything else wrong with it."""
+    repo = tmp_path / "repo"
+    (repo / "unknown_backend").mkdir(parents=True)
+    (repo / "unknown_backend" / "config.pbtxt").write_text('name: "unknown_backend"\n', encoding="utf-8")
+    (repo / "bad_batch").mkdir()
+    (repo / "bad_batch" / "config.pbtxt").write_text(
+        'name: "bad_batch"\nplatform: "onnxruntime_onnx"\nmax_batch_size: -1\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+        encoding="utf-8",
+    )
+    flags = ["--strict-readiness=false", f"--state-dir={tmp_path / 'state'}"]
+    if not auto_complete:
+        flags.append("--disable-auto-complete-config")
+    with run_server([repo], *flags) as server:
+        reasons = {e["name"]: e["reason"] for e in _index(httpclient.InferenceServerClient(server.http_url))}
+    assert reasons["unknown_backend"] == (
+        "Invalid argument: Invalid model name: Could not determine backend for model 'unknown_backend' with no backend in model "
+        "configuration. Expected model name of the form 'model.<backend_name>'."
+    )
+    no_version = "at least one version must be available under the version policy of model 'bad_batch'"
+    assert reasons["bad_batch"] == "Invalid argument: " + (
+        no_version if auto_complete else "'max_batch_size' must be non-negative value for bad_batch"
+    )

@@ -298,6 +298,8 @@ class ModelRepositoryManager:
                 "activate one it has, or load it to serve what its version policy selects",
             )
         if not versions:
+            # What is wrong with the config itself is said first, as Triton checks it when it scans the repository.
+            self._check_unversioned(source, config)
             raise EdgedError(
                 ErrorCode.INVALID_ARG,
                 f"at least one version must be available under the version policy of model '{source.name}'",
@@ -307,6 +309,23 @@ class ModelRepositoryManager:
         except EdgedError as exc:
             raise VersionsUnavailable(exc, versions) from None
         return config, versions
+
+    def _check_unversioned(self, source: ModelSource, config: ModelConfig) -> None:
+        """Check a config that has no version to be completed from: its backend, and, when it is not to be
+        completed, everything else (on a copy: the caller's config stays as read)."""
+        config = type(config).FromString(config.SerializeToString())
+        fill_backend_fields(config, source, [])
+        if not config.backend and not config.platform:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"Invalid model name: Could not determine backend for model '{source.name}' with no backend in model "
+                "configuration. Expected model name of the form 'model.<backend_name>'.",
+            )
+        if not self._options.auto_complete:
+            gpus = self._options.devices.gpu_ids
+            normalize_model_config(config, gpus)
+            validate_model_config(config)
+            validate_instance_groups(config, gpus)
 
     def _complete_config(self, source: ModelSource, config: ModelConfig, versions: list[int]) -> None:
         """Backend fields, auto-complete, defaults and checks: what Triton does when it initialises the model."""
