@@ -383,6 +383,8 @@ def test_a_pipeline_of_python_and_onnx_steps(ensemble_server: Server) -> None:
     after = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_stats"]["success"]["count"]
     assert after == before + 1
     assert client.get_model_metadata("pipeline")["platform"] == "ensemble"
+    # Its config holds the transaction policy, as Triton's always does.
+    assert client.get_model_config("pipeline")["model_transaction_policy"] == {"decoupled": False}
     # Over gRPC too.
     grpc = grpcclient.InferenceServerClient(ensemble_server.grpc_url)
     tensor = grpcclient.InferInput("TEXT", [1, 1], "BYTES")

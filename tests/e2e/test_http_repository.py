@@ -293,8 +293,8 @@ def test_a_model_without_versions_is_told_what_is_wrong_with_its_config_first(
     with run_server([repo], *flags) as server:
         reasons = {e["name"]: e["reason"] for e in _index(httpclient.InferenceServerClient(server.http_url))}
     assert reasons["unknown_backend"] == (
-        "Invalid argument: Invalid model name: Could not determine backend for model 'unknown_backend' with no backend in model "
-        "configuration. Expected model name of the form 'model.<backend_name>'."
+        "Invalid argument: Invalid model name: Could not determine backend for model 'unknown_backend' with no "
+        "backend in model configuration. Expected model name of the form 'model.<backend_name>'."
     )
     no_version = "at least one version must be available under the version policy of model 'bad_batch'"
     assert reasons["bad_batch"] == "Invalid argument: " + (

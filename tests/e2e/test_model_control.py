@@ -119,6 +119,18 @@ class ClosedLoop:
 # --- explicit mode --------------------------------------------------------------------------------------------
 
 
+# auto_complete_config must give back the config it completed; this one forgets to.
+NO_RETURN_MODEL: Final = """
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.set_max_batch_size(0)
+
+    def execute(self, requests):
+        return []
+"""
+
+
 @pytest.fixture
 def explicit(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
     repo = tmp_path / "repo"
@@ -127,6 +139,8 @@ def explicit(tmp_path: Path) -> Iterator[tuple[Server, Path, Path]]:
     _add_sub(repo, "served")
     _add_sub(repo, "waiting")
     shutil.copytree(PYTHON_MODELS / "init_fails", repo / "init_fails")
+    (repo / "no_return" / "1").mkdir(parents=True)
+    (repo / "no_return" / "1" / "model.py").write_text(NO_RETURN_MODEL, encoding="utf-8")
     slow = repo / "slow"
     shutil.copytree(PYTHON_MODELS / "add_sub_python", slow)
     config = slow / "config.pbtxt"
@@ -170,6 +184,18 @@ def test_explicit_mode_loads_what_it_is_asked(explicit: tuple[Server, Path, Path
     assert not client.is_server_ready()
     client.unload_model("init_fails")
     assert client.is_server_ready()
+
+
+def test_an_auto_complete_that_returns_nothing_fails_the_load(explicit: tuple[Server, Path, Path]) -> None:
+    server, _, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException) as caught:
+        client.load_model("no_return")
+    assert (
+        "auto_complete_config function in model 'no_return' must return a valid pb.ModelConfig object."
+        in caught.value.message()
+    )
+    assert client.is_server_live() and client.is_model_ready("served")
 
 
 def test_the_load_api_over_grpc(explicit: tuple[Server, Path, Path]) -> None:

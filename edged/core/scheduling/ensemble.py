@@ -92,6 +92,8 @@ class EnsembleBackend:
         if server is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, "ensembles run only inside the daemon")
         steps = check_ensemble(config, server)
+        # Triton's config of an ensemble always holds the policy, not decoupled unless a step is.
+        config.model_transaction_policy.SetInParent()
         if any(step.decoupled for step in steps):
             # As Triton: an ensemble with a decoupled step is decoupled itself (its clients stream).
             config.model_transaction_policy.decoupled = True

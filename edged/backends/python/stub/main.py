@@ -618,7 +618,7 @@ def auto_complete(runtime: Runtime, message: dict[str, Any]) -> None:
             if not isinstance(result, pb_utils.ModelConfig):
                 raise pb_utils.TritonModelException(
                     f"auto_complete_config function in model '{message['model_name']}' must return a valid "
-                    "pb_utils.ModelConfig object"
+                    "pb.ModelConfig object."
                 )
             config_json = json.dumps(result.as_dict())
         runtime.send({"t": "auto_complete_done", "config": config_json})
