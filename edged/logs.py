@@ -47,7 +47,6 @@ JOURNAL_SOCKET = "/run/systemd/journal/socket"
 # Triton keeps the verbose level in a signed 32-bit int: a larger level reads as 0 there, and so it does here.
 MAX_VERBOSE_LEVEL = 2**31 - 1
 
-_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The journal fields a record may carry, by the LogRecord attribute that holds each.
 _FIELD_ATTRIBUTES: dict[str, str] = {
     "MODEL": "edged_model",
@@ -229,16 +228,24 @@ def _allowed(record: logging.LogRecord) -> bool:
 
 
 class TextFormatter(logging.Formatter):
-    """edged's text line, with the timestamp as log_format says: local time to the millisecond by default, or
-    ISO 8601 in UTC to the second, as Triton writes it."""
+    """A text line laid out as Triton's (glog's), so that what reads Triton's logs reads edged's:
+    ``E1121 15:03:00.613052 4711 edged.core.repository.manager] message`` by default (level letter, local date and
+    time to the microsecond, process id, then the logger where Triton names its source file), or
+    ``2026-11-21T15:03:00Z E edged.core.repository.manager] message`` (UTC) with log_format ISO8601. Verbose lines
+    are I lines, as Triton's are."""
 
     def __init__(self) -> None:
-        super().__init__(_TEXT_FORMAT)
+        super().__init__("%(message)s")
 
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+    def format(self, record: logging.LogRecord) -> str:
+        letter = "I" if record.levelno < logging.WARNING else "W" if record.levelno < logging.ERROR else "E"
         if _state.settings.log_format == "ISO8601":
-            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
-        return super().formatTime(record, datefmt)
+            head = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(record.created))} {letter} {record.name}]"
+        else:
+            local = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
+            micros = int((record.created % 1) * 1_000_000)
+            head = f"{letter}{local}.{micros:06d} {record.process} {record.name}]"
+        return f"{head} {super().format(record)}"
 
 
 _H = TypeVar("_H", bound=logging.Handler)

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -648,7 +649,7 @@ def test_a_state_database_that_cannot_be_used_stops_the_start(tmp_path: Path) ->
     )
     assert completed.returncode == 1
     assert "Traceback" not in completed.stderr
-    errors = [line for line in completed.stderr.splitlines() if "ERROR" in line]
+    errors = [line for line in completed.stderr.splitlines() if re.match(r"E\d{4} ", line)]
     assert len(errors) == 1 and str(state / "edged.db") in errors[0], completed.stderr
 
 

@@ -5,6 +5,7 @@ leaves behind. Everything through the real tritonclient against the real daemon.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -304,7 +305,9 @@ def test_logger_lines_reach_the_daemon_log(python_server: Server) -> None:
     while "misbehave_0: misbehave says: careful" not in python_server.log():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert "WARNING edged.backends.python: misbehave_0: misbehave says: careful" in python_server.log()
+    assert re.search(
+        r"^W\d{4} .* edged\.backends\.python\] misbehave_0: misbehave says: careful$", python_server.log(), re.MULTILINE
+    )
 
 
 def test_model_management_and_metrics_api(

@@ -524,7 +524,7 @@ def _failed_start(listener: Listener, *args: str) -> tuple[int, list[str]]:
     assert "edged ready" not in output, output
     listener.drain()
     assert not any(is_ready(message) for _, message in listener.messages), listener.messages
-    errors = [line for line in output.splitlines() if " ERROR " in line or line.startswith("edged:")]
+    errors = [line for line in output.splitlines() if re.match(r"E\d{4} ", line) or line.startswith("edged:")]
     return result.returncode, errors
 
 
