@@ -300,3 +300,33 @@ def test_a_model_without_versions_is_told_what_is_wrong_with_its_config_first(
     assert reasons["bad_batch"] == "Invalid argument: " + (
         no_version if auto_complete else "'max_batch_size' must be non-negative value for bad_batch"
     )
+
+
+def test_a_platform_or_runtime_that_cannot_be_is_named_before_the_backend_is_looked_for(tmp_path: Path) -> None:
+    """As Triton: a platform the model file's backend disagrees with, and a backend library that is not there or
+    climbs out of its folder, are refused with Triton's words, whether or not that backend exists."""
+    repo = tmp_path / "repo"
+    io = (
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    models = {
+        "bad_pair": 'platform: "onnxruntim"\ndefault_model_filename: "model.onnx"\n',
+        "missing_library": 'backend: "python"\nruntime: "__invalid_runtime__"\n',
+        "escaping_library": 'backend: "identity"\nruntime: "../dummy_runtime/libtriton_identity.so"\n',
+    }
+    for name, head in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text("", encoding="utf-8")
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n{head}max_batch_size: 0\n{io}', encoding="utf-8")
+    with run_server([repo], "--strict-readiness=false", f"--state-dir={tmp_path / 'state'}") as server:
+        index = _index(httpclient.InferenceServerClient(server.http_url))
+    reasons = {e["name"]: e["reason"] for e in index}
+    assert reasons["bad_pair"].endswith("unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime")
+    assert reasons["missing_library"].endswith(
+        "unable to find backend library '__invalid_runtime__' for model 'missing_library'"
+    )
+    assert (
+        "backend library name '../dummy_runtime/libtriton_identity.so' escapes backend directory"
+        in (reasons["escaping_library"])
+    )

@@ -133,6 +133,8 @@ def test_variable_dims_and_a_wrong_type_are_refused(tmp_path: Path) -> None:
 def test_config_checks_refuse_warmup_for_an_ensemble_and_files_outside_the_folder() -> None:
     ensemble = parse_model_config(
         'name: "e" platform: "ensemble" max_batch_size: 4\n'
+        'ensemble_scheduling { step [ { model_name: "m" model_version: -1 input_map { key: "IN" value: "IN" } '
+        'output_map { key: "OUT" value: "OUT" } } ] }\n'
         f'model_warmup [ {{ name: "s" batch_size: 1 {_input("zero_data: true")} }} ]\n',
         "config.pbtxt",
     )

@@ -54,10 +54,11 @@ def _error(message: str) -> EdgedError:
 
 
 def validate_model_config(config: ModelConfig) -> None:
+    """Every check of a config whose backend fields are filled and that is auto-completed and normalised."""
     name = config.name
     if not name:
         raise _error("model configuration must specify 'name'")
-    _validate_platform(config)
+    validate_platform(config)
     if config.max_batch_size < 0:
         raise _error(f"'max_batch_size' must be non-negative value for {name}")
     policy = config.version_policy
@@ -82,14 +83,15 @@ def validate_model_config(config: ModelConfig) -> None:
     if filename and (filename.startswith("/") or ".." in filename.split("/")):
         raise _error(f"default_model_filename '{filename}' must name a file inside the version folder for {name}")
     _validate_warmup(config)
-    _validate_runtime(config)
+    validate_runtime(config)
 
 
-def _validate_platform(config: ModelConfig) -> None:
+def validate_platform(config: ModelConfig) -> None:
     """Triton's: a backend for every model but an ensemble, none for an ensemble, and a platform that agrees with a
     backend Triton knows. edged fills ``backend`` from a known platform before this (repository.scan), and leaves
     ``platform`` empty where Triton would fill it (tensorrt, pytorch): an empty platform is taken as filled. Every
-    platform edged maps to a backend is that backend's (Triton 2.51 knows fewer: not "libtorch" or "torch_aoti")."""
+    platform edged maps to a backend is that backend's (Triton 2.51 knows fewer: not "libtorch" or "torch_aoti").
+    Public so that it can run before the backend is looked up, as Triton checks the pair first."""
     name, platform, backend = config.name, config.platform, config.backend
     if not backend:
         if platform != ENSEMBLE_PLATFORM:
@@ -445,7 +447,7 @@ def _validate_dims(model: str, kind: str, tensor: str, dims: Iterable[int]) -> N
             )
 
 
-def _validate_runtime(config: ModelConfig) -> None:
+def validate_runtime(config: ModelConfig) -> None:
     """``runtime`` names the backend library Triton loads for the model. Triton looks for it in the version folder,
     the model folder and the backend's folder, in that order; one found outside the folder it was looked for in
     "escapes" it. ``model.py`` asks for a Python-based backend: the backend's folder must hold a model.py.

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING
 from edged.core.backend_api import LoadContext
 from edged.core.config.defaults import normalize_model_config
 from edged.core.config.model_config import parse_model_config
-from edged.core.config.validation import validate_instance_groups, validate_model_config
+from edged.core.config.validation import (
+    validate_instance_groups,
+    validate_model_config,
+    validate_platform,
+    validate_runtime,
+)
 from edged.core.devices import DeviceInventory
 from edged.core.repository.scan import (
     ModelSource,
@@ -336,6 +341,9 @@ class ModelRepositoryManager:
                 f"unable to find a backend for model '{source.name}': set 'backend' or 'platform' in "
                 "config.pbtxt, or add a version folder holding a model file",
             )
+        # Before the backend is looked for, as Triton checks these before it loads a backend library.
+        validate_platform(config)
+        validate_runtime(config)
         backend = self._backends.get(backend_name(config))
         if self._options.auto_complete:
             backend.auto_complete_config(

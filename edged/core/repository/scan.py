@@ -51,6 +51,17 @@ DEFAULT_MODEL_FILENAME_BY_BACKEND: dict[str, str] = {
     "tensorrt": "model.plan",
     "pytorch": "model.pt",
 }
+# The backend a default_model_filename's extension names, when the config names none.
+_BACKEND_BY_SUFFIX: dict[str, str] = {
+    ".graphdef": "tensorflow",
+    ".savedmodel": "tensorflow",
+    ".plan": "tensorrt",
+    ".onnx": "onnxruntime",
+    ".xml": "openvino",
+    ".pt": "pytorch",
+    ".pt2": "pytorch",
+    ".py": "python",
+}
 # When neither backend nor platform is given, the model file decides, in Triton's detection order.
 _DETECTION_ORDER: tuple[tuple[str, str, str], ...] = (
     ("model.graphdef", "tensorflow", "tensorflow_graphdef"),
@@ -186,6 +197,9 @@ def fill_backend_fields(config: ModelConfig, source: ModelSource, versions: list
     """Fill platform, backend and default_model_filename the way Triton's core does before loading."""
     if not config.backend and config.platform in BACKEND_BY_PLATFORM:
         config.backend = BACKEND_BY_PLATFORM[config.platform]
+    if not config.backend and config.default_model_filename:
+        # As Triton: the model file's name tells the backend (a platform that disagrees is then refused by name).
+        config.backend = _BACKEND_BY_SUFFIX.get(os.path.splitext(config.default_model_filename)[1], "")
     if not config.backend and not config.platform and versions:
         newest = source.path / str(versions[-1])
         for filename, backend, platform in _DETECTION_ORDER:
