@@ -899,14 +899,14 @@ class TestStreamBacklog:
 
     def test_a_response_pool_makes_the_model_wait_for_its_reader(self, site: Site, tmp_path: Path) -> None:
         # Triton's --grpc-max-response-pool-size, at its smallest: a stream holds one reply unread. A reading client
-        # still gets every response of several requests on one stream, in order (the request being written waits
-        # on its own replies only: later ones filling the pool cannot stall it); one that reads nothing is
-        # cancelled at the byte bound, which covers what the model sends while it waits, as without a pool.
+        # still gets every response of several requests on one stream; one that reads nothing is cancelled at the
+        # byte bound, which covers what the model sends while it waits, as without a pool.
         bound = 8 * MIB
         with run_server(
             [site.repository],
             "--model-control-mode=explicit",
             "--load-model=flood",
+            "--load-model=identity_fp32",
             "--grpc-max-response-pool-size=1",
             f"--grpc-max-queued-stream-bytes={bound}",
             f"--state-dir={tmp_path / 'state'}",
@@ -916,7 +916,8 @@ class TestStreamBacklog:
                 requests = [_flood_request(300, 64, f"pooled-{n}") for n in range(3)]
                 replies = list(stub.ModelStreamInfer(iter(requests), timeout=120))
             assert [r.error_message for r in replies if r.error_message] == []
-            assert [r.infer_response.id for r in replies] == [f"pooled-{n}" for n in range(3) for _ in range(300)]
+            ids = [r.infer_response.id for r in replies]
+            assert {n: ids.count(f"pooled-{n}") for n in range(3)} == {0: 300, 1: 300, 2: 300}
             before = _rss_bytes(server)
             with grpc.insecure_channel(server.grpc_url) as channel:
                 stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -935,3 +936,26 @@ class TestStreamBacklog:
                 f"request 'pooled-flood' was cancelled: its stream holds more than {bound} bytes of responses that "
                 "the client has not read"
             )
+            # Requests to a model that is not decoupled, sent on and on by a client that reads nothing: once the
+            # answers it has not read pass the byte bound, the daemon stops reading its requests.
+            block = np.ones(64 * 1024, dtype=np.float32)  # 256 KiB in, 256 KiB out
+            message = service_pb2.ModelInferRequest(model_name="identity_fp32")
+            tensor = message.inputs.add(name="INPUT0", datatype="FP32")
+            tensor.shape.extend([1, block.size])
+            message.raw_input_contents.append(block.tobytes())
+            sent = 0
+
+            def requests() -> Iterator[Any]:
+                nonlocal sent
+                for _ in range(400):  # 100 MiB of answers, were they all held
+                    sent += 1
+                    yield message
+
+            before = _rss_bytes(server)
+            with grpc.insecure_channel(server.grpc_url) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                unread = stub.ModelStreamInfer(requests())
+                peak = _peak_rss_until_steady(server, after=lambda: sent > 0)
+                assert sent < 400, "the daemon read every request of a client that reads nothing"
+                unread.cancel()
+            assert peak - before < 3 * bound + 16 * MIB, f"RSS grew by {(peak - before) // MIB} MiB"

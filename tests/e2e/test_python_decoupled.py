@@ -189,3 +189,32 @@ def test_a_cancelled_unary_request_is_seen_by_the_model(python_server: Server) -
     assert isinstance(error, InferenceServerException) and "CANCELLED" in str(error.status())
     _wait_for_log(python_server, "request 'c1' cancelled: True")
     client.close()
+
+
+def test_a_slow_request_does_not_hold_back_the_responses_of_the_next(python_server: Server) -> None:
+    """As Triton writes a stream: a decoupled model's responses go out as they come, whichever request they answer.
+    The first request answers once, then waits (for its cancellation, which only the end of the test brings); the
+    second one's responses must arrive meanwhile, not after the first request ends."""
+    client = grpcclient.InferenceServerClient(python_server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put(error or result), results))
+    client.async_stream_infer(
+        "repeat_decoupled", _repeat_inputs([1, 2]), request_id="slow", parameters={"wait_cancel_after": 1}
+    )
+    first = results.get(timeout=TIMEOUT_S)
+    assert (first.get_response().id, int(first.as_numpy("OUT")[0])) == ("slow", 1)
+    _wait_for_log(python_server, "request 'slow' waits for its cancellation")
+    client.async_stream_infer(
+        "repeat_decoupled", _repeat_inputs([7, 8]), request_id="quick", enable_empty_final_response=True
+    )
+    replies = _collect(results)
+    assert [
+        (r.get_response().id, [int(v) for v in r.as_numpy("OUT")] if r.get_response().outputs else []) for r in replies
+    ] == [
+        ("quick", [7]),
+        ("quick", [8]),
+        ("quick", []),
+    ]
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    _wait_for_log(python_server, "request 'slow' was cancelled after 1 responses")

@@ -4,21 +4,19 @@ The server runs on the daemon's event loop beside the HTTP server and calls the 
 handler turns an EdgedError into the gRPC status Triton gives its code; the message is the core's, unchanged.
 
 Streams: each request read from a ModelStreamInfer stream runs as its own task, so many are in flight on one
-stream, while replies are written in request order by the handler itself, which drains each request's replies in
-the order the requests arrived. A decoupled model gives zero or more replies per request, each marked with
-``triton_final_response``, and the flag-only final one is sent (empty) when the request asked for it. A failing
-request answers with ``error_message`` and the stream goes on, unless the client opened it with the metadata
-``triton_grpc_error: true``, in which case the first error ends it with a status.
+stream, and the handler writes replies as they are produced (replies.py): a decoupled model's as they come, those of
+models that are not decoupled in the order of their requests, as Triton writes them. A decoupled model gives zero or
+more replies per request, each marked with ``triton_final_response``, and the flag-only final one is sent (empty)
+when the request asked for it. A failing request answers with ``error_message`` and the stream goes on, unless the
+client opened it with the metadata ``triton_grpc_error: true``, in which case the first error ends it with a status.
 
 A stream holds at most ``max_queued_stream_bytes`` of replies not yet written to its client: a decoupled model may
 answer without end while a client reads nothing, and the backend cannot be told to wait, so a request whose next
 reply finds the stream over that bound is cancelled and answered with an error (UNAVAILABLE, as a full queue is in
 Triton). The bound is in bytes, not replies: a client that reads keeps up with a model sending many small replies
-faster than the daemon writes them, while a few large ones are what exhausts memory.
-
-With a response pool (``response_pool``, Triton's ``--grpc-max-response-pool-size``) a stream also holds at most
-that many replies: a decoupled request past it waits for the client to read before its next reply is encoded, and
-what its model sends meanwhile waits in the core's response stream, under the same byte bound.
+faster than the daemon writes them, while a few large ones are what exhausts memory. With a response pool
+(``response_pool``, Triton's ``--grpc-max-response-pool-size``) the count of replies is bounded too, and a decoupled
+request past it waits for its client.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from edged.errors import EdgedError, ErrorCode, invalid_arg, unavailable, unsupported
+from edged.errors import EdgedError, ErrorCode, invalid_arg, unsupported
 from edged.frontends import kserve
 from edged.frontends.forwarding import forward_headers
 from edged.frontends.grpc.codec import (
@@ -43,12 +41,13 @@ from edged.frontends.grpc.codec import (
     internal_error,
     parse_version,
 )
+from edged.frontends.grpc.replies import StreamReplies, Turn
 from edged.frontends.grpc.status import StatusCode
 from edged.proto import grpc_service_pb2 as pb
 from edged.proto import health_pb2
 
 if TYPE_CHECKING:
-    from edged.core.request.inference import ParameterValue, ResponseStream, StreamResponse
+    from edged.core.request.inference import ParameterValue, StreamResponse
     from edged.core.service import InferenceService, ModelHandle
     from edged.frontends.grpc.calls import Call
 
@@ -64,14 +63,11 @@ STATUS_BY_CODE: Final[dict[ErrorCode, StatusCode]] = {
     ErrorCode.ALREADY_EXISTS: StatusCode.ALREADY_EXISTS,
     ErrorCode.CANCELLED: StatusCode.CANCELLED,
 }
-# Requests read ahead of the reply being written, per stream: past this the stream stops reading, and HTTP/2
-# flow control pushes back on the client instead of the server queueing without bound. Each may be up to
-# --grpc-max-message-size, so this bounds a stream's memory as well as its concurrency.
+# Requests running at once, per stream: past this the stream stops reading, and HTTP/2 flow control pushes back on
+# the client instead of the server queueing without bound. Each may be up to --grpc-max-message-size, so this
+# bounds a stream's memory as well as its concurrency.
 MAX_IN_FLIGHT_PER_STREAM: Final = 32
 _GRPC_ERROR_KEY: Final = "triton_grpc_error"
-# What a queued reply holds beyond its encoded size (the message object, its queue entry), so that a flood of empty
-# replies is bounded too.
-_REPLY_OVERHEAD: Final = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,81 +367,58 @@ class InferenceServicer:
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Call) -> AsyncIterator[Any]:
         abort_on_error = _grpc_error_mode(context)
-        pending: asyncio.Queue[_Replies | None] = asyncio.Queue(MAX_IN_FLIGHT_PER_STREAM)
         forwarded = self._forwarded(context)
-        backlog = _Backlog(self._max_queued, self._response_pool)
-        reader = asyncio.create_task(self._read_stream(requests, pending, backlog, forwarded))
+        replies = StreamReplies(self._max_queued, self._response_pool, MAX_IN_FLIGHT_PER_STREAM)
+        reader = asyncio.create_task(self._read_stream(requests, replies, forwarded))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         if self._closing:
             reader.cancel()
-        replies: _Replies | None = None
         try:
-            while True:
-                replies = await pending.get()
-                if replies is None:
-                    break
-                backlog.moved(replies)
-                # Each request's replies in turn (a decoupled model gives any number), in the order requests came.
-                while True:
-                    item = await replies.get()
-                    if item is None:
-                        break
-                    reply, error = item
-                    if error is not None and abort_on_error:
-                        await context.abort(status_for(error), error.message)
-                    yield reply
+            while (item := await replies.get()) is not None:
+                reply, error = item
+                if error is not None and abort_on_error:
+                    await context.abort(status_for(error), error.message)
+                yield reply
             # A read that failed (a message over the size limit, a broken connection) has already ended the call;
             # this only surfaces a fault of the reader itself.
             await reader
         finally:
             # The client went away, or the stream ended: nothing still running for it is wanted.
             reader.cancel()
-            if replies is not None:
-                replies.task.cancel()
-            while not pending.empty():
-                leftover = pending.get_nowait()
-                if leftover is not None:
-                    leftover.task.cancel()
+            replies.cancel()
 
     async def _read_stream(
-        self,
-        requests: AsyncIterator[Any],
-        pending: asyncio.Queue[_Replies | None],
-        backlog: _Backlog,
-        forwarded: dict[str, ParameterValue] | None,
+        self, requests: AsyncIterator[Any], replies: StreamReplies, forwarded: dict[str, ParameterValue] | None
     ) -> None:
         try:
             async for request in requests:
-                replies = _Replies(backlog)
-                replies.task = asyncio.create_task(self._stream_one(request, replies, forwarded))
-                try:
-                    await pending.put(replies)
-                except asyncio.CancelledError:
-                    replies.task.cancel()
-                    raise
+                await replies.start(functools.partial(self._stream_one, request, replies, forwarded=forwarded))
         except asyncio.CancelledError:
             if not self._closing:
-                raise  # the writer is gone and cancels what is queued itself
+                raise  # the writer is gone and cancels what is running itself
             # The server is stopping: what was read is still answered, then the stream ends.
         except Exception as exc:  # the call is over; grpc reports the reason to the client
             log.debug("gRPC stream read ended: %r", exc)
-        await pending.put(None)
+        replies.reading_done()
 
-    async def _stream_one(self, request: Any, replies: _Replies, forwarded: dict[str, ParameterValue] | None) -> None:
+    async def _stream_one(
+        self, request: Any, replies: StreamReplies, turn: Turn, *, forwarded: dict[str, ParameterValue] | None
+    ) -> None:
+        error: EdgedError | None = None
         try:
-            await self._stream_replies(request, replies, forwarded)
+            await self._stream_replies(request, replies, turn, forwarded)
         except EdgedError as exc:
-            replies.put(encode_stream_error(request, exc), exc)
+            error = exc
         except Exception:
             log.exception("unhandled error in gRPC ModelStreamInfer")
             error = internal_error()
+        if error is not None:
+            await turn.wait()
             replies.put(encode_stream_error(request, error), error)
-        finally:
-            replies.end()
 
     async def _stream_replies(
-        self, request: Any, replies: _Replies, forwarded: dict[str, ParameterValue] | None
+        self, request: Any, replies: StreamReplies, turn: Turn, forwarded: dict[str, ParameterValue] | None
     ) -> None:
         service = self._service
         try:
@@ -459,8 +432,12 @@ class InferenceServicer:
             await self._infer(request, reply.infer_response, streaming=True, model=model, forwarded=forwarded)
             # A model that is not decoupled gives exactly one response, which is therefore the final one.
             reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+            await turn.wait()
             replies.put(reply, None)
+            turn.pass_on()
             return
+        # A decoupled model's responses go out as they come: the requests after it need not wait for them.
+        turn.pass_on()
         flag = request.parameters.get(ENABLE_EMPTY_FINAL_RESPONSE)
         empty_final = flag is not None and flag.bool_param
         try:
@@ -487,7 +464,7 @@ class InferenceServicer:
 
 
 def _put_stream_item(
-    request: Any, model: ModelHandle, item: StreamResponse, empty_final: bool, replies: _Replies
+    request: Any, model: ModelHandle, item: StreamResponse, empty_final: bool, replies: StreamReplies
 ) -> None:
     if item.error is not None:
         error_reply = encode_stream_error(request, item.error)
@@ -506,102 +483,6 @@ def _put_stream_item(
         reply.infer_response.id = request.id
         reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
         replies.put(reply, None)
-
-
-class _Backlog:
-    """The bytes of one stream's replies produced and not yet written (of all its requests together), and their
-    bound; with a response pool (--grpc-max-response-pool-size), their count too, which makes a decoupled model wait
-    for the client rather than fail."""
-
-    __slots__ = ("_moved", "head", "held", "limit", "pool", "queued")
-
-    def __init__(self, limit: int, pool: int = 0) -> None:
-        self.limit = limit
-        self.queued = 0
-        self.pool = pool
-        self.held = 0
-        # The request whose replies are being written: it waits only on its own replies, since the writer reads
-        # nothing else until it ends, and a later request's replies filling the pool must not stall it.
-        self.head: _Replies | None = None
-        self._moved = asyncio.Event()
-
-    def moved(self, head: _Replies | None = None) -> None:
-        """A reply was written (or, with ``head``, the writer moved on to that request): waiters look again."""
-        if head is not None:
-            self.head = head
-        if self.pool:
-            self._moved.set()
-
-    def full_for(self, replies: _Replies) -> bool:
-        return (replies.held() if replies is self.head else self.held) >= self.pool
-
-    async def room(self, replies: _Replies, stream: ResponseStream | None) -> bool:
-        """Wait until ``replies`` may add one; False when what the model sent meanwhile, waiting in ``stream``,
-        passes the byte bound, as a model that never waits would."""
-        if stream is not None:
-            stream.on_put = self.moved
-        try:
-            while self.full_for(replies):
-                if stream is not None and self.queued + stream.nbytes >= self.limit:
-                    return False
-                self._moved.clear()
-                await self._moved.wait()
-            return True
-        finally:
-            if stream is not None:
-                stream.on_put = None
-
-
-class _Replies:
-    """The replies to one request of a stream, as they are produced; None marks the end."""
-
-    __slots__ = ("_backlog", "_queue", "task")
-
-    def __init__(self, backlog: _Backlog) -> None:
-        self._queue: asyncio.Queue[tuple[Any, EdgedError | None, int] | None] = asyncio.Queue()
-        self._backlog = backlog
-        self.task: asyncio.Task[None]
-
-    def put(self, reply: Any, error: EdgedError | None) -> None:
-        # Never refused here: a request's last reply (its error included) must reach the client. What is bounded
-        # is what a decoupled model adds (backlog_full); past the bound each request adds at most its error.
-        size = reply.ByteSize() + _REPLY_OVERHEAD
-        self._backlog.queued += size
-        self._backlog.held += 1
-        self._queue.put_nowait((reply, error, size))
-
-    def held(self) -> int:
-        return self._queue.qsize()
-
-    def pool_full(self) -> bool:
-        """Whether a response pool holds as many replies as it may: room() then waits for the client to read."""
-        return self._backlog.pool > 0 and self._backlog.full_for(self)
-
-    async def room(self, stream: ResponseStream | None) -> bool:
-        return await self._backlog.room(self, stream)
-
-    def end(self) -> None:
-        self._queue.put_nowait(None)
-
-    def backlog_full(self) -> bool:
-        return self._backlog.queued >= self._backlog.limit
-
-    def overflow(self, request_id: str) -> EdgedError:
-        who = f"request '{request_id}'" if request_id else "the request"
-        return unavailable(
-            f"{who} was cancelled: its stream holds more than {self._backlog.limit} bytes of responses that the "
-            "client has not read"
-        )
-
-    async def get(self) -> tuple[Any, EdgedError | None] | None:
-        item = await self._queue.get()
-        if item is None:
-            return None
-        reply, error, size = item
-        self._backlog.queued -= size
-        self._backlog.held -= 1
-        self._backlog.moved()
-        return reply, error
 
 
 class HealthServicer:
