@@ -104,6 +104,12 @@ MODELS: Final[dict[str, dict[str, Any]]] = {
         "corrid": "TYPE_UINT64",
         "count": 1,
     },
+    "acc_direct_delay": {
+        "strategy": f"direct {{ max_queue_delay_microseconds: {LONG_US} minimum_slot_utilization: 0.5 }}",
+        "idle": LONG_US,
+        "corrid": "TYPE_UINT64",
+        "count": 1,
+    },
     "acc_oldest": {
         "strategy": "oldest { max_candidate_sequences: 4 }",
         "idle": LONG_US,
@@ -355,6 +361,17 @@ def test_the_oldest_strategy_batches_sequences_together(sequence_server: Server,
     # Once the instance is free, the three run in one batch.
     assert sizes == [3, 3, 3], sizes
     assert [int(result.as_numpy("OUTPUT")[0, 0]) for result in results] == [1, 2, 3]
+
+
+def test_the_direct_strategy_waits_for_its_minimum_slot_utilization(sequence_server: Server) -> None:
+    # As Triton's direct strategy: with a queue delay and a minimum slot utilization (half of 4 slots), a lone
+    # sequence's request waits (up to the delay, a minute here) until a second sequence has one ready too.
+    client = httpclient.InferenceServerClient(sequence_server.http_url, concurrency=8)
+    first = client.async_infer("acc_direct_delay", _inputs(5), sequence_id=601, sequence_start=True)
+    _wait_until("the first request waits", lambda: _pending(sequence_server, "acc_direct_delay") == 1)
+    second = client.async_infer("acc_direct_delay", _inputs(7), sequence_id=602, sequence_start=True)
+    rows = [json.loads(call.get_result().get_response()["parameters"]["info"])["rows"] for call in (first, second)]
+    assert rows == [[[True, 601, 5], [True, 602, 7]]] * 2
 
 
 def test_http_sequence_flags_must_be_booleans(sequence_server: Server) -> None:

@@ -17,7 +17,9 @@ slots (more sequences wait until one ends): a batch's row *i* is always slot *i*
 whose sequence has nothing to run, below the highest slot that has, is filled with a "null" request (zeros, READY
 false, CORRID 0) whose answer is dropped, for models that keep per-slot state by row. With ``oldest`` any free
 instance takes the sequences whose next requests are the oldest, waiting up to its ``max_queue_delay_microseconds``
-for a batch of a ``preferred_batch_size`` or a full one. A batch holds at most one request per sequence.
+for a batch of a ``preferred_batch_size`` or a full one. ``direct`` waits too when its ``max_queue_delay_microseconds``
+and ``minimum_slot_utilization`` are set: up to the delay, while fewer than that share of the slots have a request
+ready. A batch holds at most one request per sequence.
 
 With ``iterative_sequence: true`` one request is a whole sequence, run over several executions: a request without a
 correlation id gets one of its own and the START flag, and each time the model releases it with RESCHEDULE
@@ -208,6 +210,11 @@ class SequenceBatcher:
         oldest = batching.oldest
         self._preferred = frozenset(size for size in oldest.preferred_batch_size if size <= self._slots)
         self._delay_ns = oldest.max_queue_delay_microseconds * 1000 if self._oldest else 0
+        # The direct strategy waits too, as Triton's does, but only while fewer than this share of the slots have a
+        # request ready (a share of 0, or no delay, never waits).
+        direct = batching.direct
+        self._direct_delay_ns = 0 if self._oldest else direct.max_queue_delay_microseconds * 1000
+        self._min_utilization = direct.minimum_slot_utilization
         self._timer: asyncio.TimerHandle | None = None
         self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         self._controls = _control_inputs(config)
@@ -403,6 +410,15 @@ class SequenceBatcher:
             if not runnable:
                 continue
             if not self._oldest:
+                if (
+                    self._direct_delay_ns
+                    and self._min_utilization
+                    and len(runnable) < self._min_utilization * self._slots
+                ):
+                    waited = time.monotonic_ns() - min(s.pending[0].request.arrival_ns for s in runnable)
+                    if waited <= self._direct_delay_ns:
+                        self._wake_in(self._direct_delay_ns - waited)
+                        continue
                 self._start(index, runnable)  # at most one sequence per slot: all of them
                 continue
             runnable.sort(key=lambda s: s.pending[0].request.arrival_ns)
