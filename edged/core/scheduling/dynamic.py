@@ -127,6 +127,9 @@ class DynamicBatcher:
             for level, policy in batching.priority_queue_policy.items():
                 self._queues[level] = _policy_queue(policy)
         self._queues = dict(sorted(self._queues.items()))
+        # Queues whose requests may time out with REJECT: they are answered when the timeout passes, as in Triton,
+        # not when an instance frees up.
+        self._rejecting = [q for q in self._queues.values() if q.reject and (q.timeout_us > 0 or q.allow_override)]
         self._ragged = frozenset(tensor.name for tensor in config.input if tensor.allow_ragged_batch)
         self._queued = 0
         self._in_flight = 0  # queued or executing
@@ -202,7 +205,17 @@ class DynamicBatcher:
     # --- forming batches -----------------------------------------------------------------------------------------
 
     def _schedule(self) -> None:
-        """Start batches while an instance is free and a batch is ready; otherwise wake up when one may be."""
+        """Start batches while an instance is free and a batch is ready; otherwise wake up when one may be, or when
+        a waiting request's timeout passes."""
+        self._start_batches()
+        if self._rejecting and self._queued:
+            now = time.monotonic_ns()
+            self._apply_policies(now)
+            deadlines = [e.deadline_ns for queue in self._rejecting for e in queue.queue if e.deadline_ns]
+            if deadlines:
+                self._wake_in(max(1000, min(deadlines) - now + 1))
+
+    def _start_batches(self) -> None:
         while self._free and self._queued:
             if self._cpu_busy > 0 and self._cpu_busy + _cpu_share(self._free[-1]) > 1.0 + 1e-9:
                 return  # the cores are taken: the queue grows into the next batch meanwhile
