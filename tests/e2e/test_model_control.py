@@ -247,6 +247,21 @@ def test_swaps_under_load_lose_no_request(explicit: tuple[Server, Path, Path], m
     assert len(resized) == 3
 
 
+def test_a_sequence_model_whose_instance_count_changes_is_reloaded(explicit: tuple[Server, Path, Path]) -> None:
+    # Instances are changed in place only where the scheduler can take them so; a sequence batcher's slots belong
+    # to its instances, so the model is reloaded beside instead (it answered INTERNAL here once).
+    server, repo, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    config = repo / "served" / "config.pbtxt"
+    base = config.read_text(encoding="utf-8") + "sequence_batching { max_sequence_idle_microseconds: 60000000 }\n"
+    for count in (1, 2):
+        config.write_text(base + f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n", encoding="utf-8")
+        client.load_model("served")
+        assert client.get_model_config("served")["instance_group"][0]["count"] == count
+        result = client.infer("served", add_sub_inputs(), sequence_id=count, sequence_start=True, sequence_end=True)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+
+
 def test_a_broken_new_version_leaves_the_old_one_serving(explicit: tuple[Server, Path, Path]) -> None:
     server, repo, _ = explicit
     client = httpclient.InferenceServerClient(server.http_url)

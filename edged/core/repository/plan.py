@@ -47,6 +47,8 @@ def plan_versions(
             elif (
                 current.config is not None
                 and hasattr(current.backend_model, "resize")
+                # A scheduler whose slots belong to its instances (the sequence batcher's) cannot take new ones.
+                and hasattr(current.scheduler, "add_instances")
                 and _without_counts(current.config) == _without_counts(config)
                 and _without_config(old.folder.model) == _without_config(folder.model)
             ):
