@@ -27,6 +27,13 @@ def _folder(model: Any = MODEL_FILES, versions: dict[int, Any] | None = None) ->
     return FolderPrint(model, versions if versions is not None else {1: VERSION_FILES, 2: VERSION_FILES}, 1)
 
 
+class _Scheduler:
+    """A scheduler that takes new instances while it runs (the dynamic batcher's kind; only the attribute is looked
+    at)."""
+
+    def add_instances(self) -> None: ...
+
+
 class _Resizable:
     """A backend model that can change its instance counts in place (only the attribute is looked at)."""
 
@@ -38,12 +45,16 @@ class _Resizable:
 
 
 def _loaded(
-    state: ModelState = ModelState.READY, config: ModelConfig | None = None, resizable: bool = True
+    state: ModelState = ModelState.READY,
+    config: ModelConfig | None = None,
+    resizable: bool = True,
+    scheduler: object | None = None,
 ) -> ModelEntry:
     entry = ModelEntry(SOURCE, ModelState.READY, config=config or _config(), folder=_folder())
     for number in (1, 2):
         version = ModelVersion("m", number, state, config=config or _config())
         version.backend_model = _Resizable() if resizable else None
+        version.scheduler = scheduler if scheduler is not None else _Scheduler()  # type: ignore[assignment]
         entry.versions[number] = version
     return entry
 
@@ -65,6 +76,9 @@ def test_only_instance_counts_changed_resizes_in_place() -> None:
     assert plan == VersionPlan(frozenset(), frozenset({1, 2}), ())
     # ... unless the backend cannot resize: then the versions load again.
     plan = plan_versions(_loaded(resizable=False), SOURCE, folder, _config(count=3), [1, 2])
+    assert plan == VersionPlan(frozenset(), frozenset(), (1, 2))
+    # ... or its scheduler cannot take new instances (a sequence batcher's slots belong to its instances).
+    plan = plan_versions(_loaded(scheduler=object()), SOURCE, folder, _config(count=3), [1, 2])
     assert plan == VersionPlan(frozenset(), frozenset(), (1, 2))
 
 
