@@ -721,6 +721,9 @@ def test_a_named_configuration_is_read_where_a_model_has_one(tmp_path: Path) -> 
         assert log.count("ignore version directory '003' which contains leading zeros in its directory name") == 1
         assert log.count("ignore version directory 'abc' which fails to convert to integral number") == 1
         assert "ignore version directory 'configs'" not in log
+        # Triton's line for each load that succeeded: 'named' loaded three times, 'plain' once.
+        assert log.count("successfully loaded 'named' in ") == 3
+        assert log.count("successfully loaded 'plain' in ") == 1
 
 
 RETRIED_MODEL: Final = """

@@ -397,7 +397,8 @@ class ModelController:
         entry.versions = {number: old_versions[number] for number in sorted(kept)}
         failures = self._install(entry, old_versions, numbers, loaded, origin)
         log.info(
-            "model '%s' loaded in %.2fs: %s",
+            # Triton's words for a load that succeeded, which scripts written for it count.
+            "successfully loaded '%s' in %.2fs: %s" if not failures else "model '%s' loaded in %.2fs: %s",
             name,
             time.monotonic() - started,
             ", ".join(f"version {n} {v.state.value}" for n, v in sorted(entry.versions.items())) or "no versions",

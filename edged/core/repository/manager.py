@@ -256,7 +256,10 @@ class ModelRepositoryManager:
             else ModelState.UNAVAILABLE
         )
         log.info(
-            "model '%s' loaded in %.2fs: %s",
+            # Triton's words for a load that succeeded, which scripts written for it count.
+            "successfully loaded '%s' in %.2fs: %s"
+            if all(v.state is ModelState.READY for v in entry.versions.values())
+            else "model '%s' loaded in %.2fs: %s",
             source.name,
             time.monotonic() - started,
             ", ".join(f"version {v.version} {v.state.value}" for v in entry.versions.values()) or "no versions",
