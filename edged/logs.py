@@ -9,7 +9,7 @@
   installed; without it edged speaks journald's native protocol to ``/run/systemd/journal/socket`` itself (the
   same datagrams). A journal that cannot be reached makes edged write plain text to stderr, which journald
   records anyway;
-- with ``--log-file`` (when the command line offers it) plain text is appended to that file;
+- with ``--log-file`` plain text is appended to that file;
 - otherwise plain text goes to stderr.
 
 The settings of Triton's logging extension (``log_info``, ``log_warning``, ``log_error``, ``log_verbose_level``,

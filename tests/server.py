@@ -164,7 +164,11 @@ def run_server(
             process = subprocess.Popen(
                 args, stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env
             )
-        server = Server(process, http_port, metrics_port, grpc_port, log_file, console_port, args)
+        # A daemon told to write its log to a file (--log-file) is read there: its stderr holds nothing else.
+        given = [arg.split("=", 1)[1] for arg in extra_args if arg.startswith("--log-file=")]
+        read_from = Path(given[-1]) if given else log_file
+        read_from.touch()  # read before the daemon opens it
+        server = Server(process, http_port, metrics_port, grpc_port, read_from, console_port, args)
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while READY_MARKER not in server.log() or not _is_live(http_port, tls):

@@ -592,6 +592,25 @@ OPTIONS: Final[tuple[Option, ...]] = (
         metavar="SECONDS",
     ),
     Option("log-verbose", "int", 0, "verbose logging when above 0", metavar="LEVEL"),
+    Option("log-info", "bool", True, "write INFO lines", metavar="BOOL"),
+    Option("log-warning", "bool", True, "write WARNING lines", metavar="BOOL"),
+    Option("log-error", "bool", True, "write ERROR lines", metavar="BOOL"),
+    Option(
+        "log-format",
+        "choice",
+        "default",
+        "the layout of text lines: Triton's default (glog's) or ISO8601 (UTC timestamps)",
+        choices=("default", "ISO8601"),
+        metavar="FORMAT",
+    ),
+    Option(
+        "log-file",
+        "path",
+        None,
+        "append text lines to this file instead of stderr or the journal",
+        metavar="PATH",
+        unset="stderr, or the journal under systemd",
+    ),
 )
 
 BY_KEY: Final = {option.key: option for option in OPTIONS}

@@ -113,6 +113,11 @@ class Settings:
     backend_config: dict[str, dict[str, str]]
     exit_timeout_secs: float
     log_verbose: int
+    log_info: bool
+    log_warning: bool
+    log_error: bool
+    log_format: str
+    log_file: Path | None
     # The configuration file these settings were read from, if any (edged.config.resolve).
     config_file: Path | None = None
 

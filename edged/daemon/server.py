@@ -542,9 +542,15 @@ def _configure_logging(settings: Settings) -> None:
     from edged import logs
 
     try:
-        # The other log settings (file, format, which levels) start at their defaults; the logging extension
-        # changes them at run time.
-        logs.configure(settings.log_verbose)
+        # Triton's log flags; the logging extension changes all but the file at run time.
+        logs.configure(
+            settings.log_verbose,
+            log_file=str(settings.log_file) if settings.log_file is not None else "",
+            log_format="ISO8601" if settings.log_format == "ISO8601" else "default",
+            log_info=settings.log_info,
+            log_warning=settings.log_warning,
+            log_error=settings.log_error,
+        )
     except logs.LogFileError as exc:
         print(f"edged: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -596,3 +596,26 @@ def test_daemon_under_systemd_writes_to_the_journal(chatty_repository: Path) -> 
         assert process.returncode == 0, stderr_path.read_text()
         # Everything went to the journal; stderr holds nothing but what a library may print itself.
         assert "edged ready" not in stderr_path.read_text()
+
+
+def test_tritons_log_flags_set_the_start(chatty_repository: Path, tmp_path: Path) -> None:
+    """--log-file, --log-format, --log-warning (and their fellows) as Triton's: the file gets the lines, in the
+    layout asked for, of the levels let through, and the logging extension reports them."""
+    path = tmp_path / "edged.log"
+    flags = [f"--log-file={path}", "--log-format=ISO8601", "--log-warning=false", f"--state-dir={tmp_path / 'state'}"]
+    with run_server([chatty_repository], *flags) as started:
+        assert _settings(started) | {"log_verbose_level": 0} == DEFAULTS | {
+            "log_file": str(path),
+            "log_warning": False,
+            "log_format": "ISO8601",
+        }
+        _chat(started, 31)
+        deadline = time.monotonic() + 30
+        while "chatty-error-31" not in path.read_text(encoding="utf-8"):
+            assert time.monotonic() < deadline, "the error line never reached the log file"
+            time.sleep(0.05)
+    text = path.read_text(encoding="utf-8")
+    assert re.search(r"^\S+Z E edged\.backends\.python\] .*chatty-error-31$", text, re.MULTILINE), text
+    assert re.search(r"^\S+Z I edged\.backends\.python\] .*chatty-info-31$", text, re.MULTILINE), text
+    assert "chatty-warning-31" not in text
+    assert not re.search(r"^\S+Z W ", text, re.MULTILINE), text
