@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
+from edged.backends.ragged import batch_inputs, concatenate, ragged_inputs, scatter, scattered_outputs
 from edged.core.devices import InstancePlacement, instance_placements
 from edged.core.request.datatypes import CONFIG_BY_WIRE_NAME, WIRE_NAME_BY_CONFIG
 from edged.core.request.inference import InferOutput, InferResponse
@@ -190,6 +191,12 @@ class OnnxRuntimeInstance:
         self._dims_out = {o.name: tuple(o.dims) for o in config.output}
         bf16 = CONFIG_BY_WIRE_NAME["BF16"]
         self._bf16 = {t.name for t in [*config.input, *config.output] if t.data_type == bf16}
+        # Ragged batches (edged.backends.ragged): inputs fed flattened, outputs split by a source input's shapes,
+        # and the batch inputs that tell the model where each request's part starts.
+        self._config = config
+        self._ragged = ragged_inputs(config)
+        self._scattered = scattered_outputs(config)
+        self._whole_batch_only = bool(self._ragged or self._scattered or config.batch_input)
 
     @property
     def name(self) -> str:
@@ -206,29 +213,46 @@ class OnnxRuntimeInstance:
 
     def _execute(self, requests: Sequence[InferRequest], timing: ExecutionTiming) -> list[InferResponse | EdgedError]:
         started = time.perf_counter_ns()
-        if len(requests) == 1:
+        if len(requests) == 1 and not self._whole_batch_only:
             request = requests[0]
             total = request.batch_size
             feeds = {t.name: self._feed(t.name, t.data, total) for t in request.inputs}
         else:
-            # Requests of one batch have the same inputs and non-batch shapes (the batcher guarantees it), so their
-            # tensors concatenate along the batch dimension; this copy is the price of one run for many requests.
+            # Requests of one batch have the same inputs and non-batch shapes (the batcher guarantees it, ragged
+            # inputs excepted), so their tensors concatenate along the batch dimension; this copy is the price of
+            # one run for many requests.
             total = sum(r.batch_size for r in requests)
             feeds = {
-                tensor.name: self._feed(tensor.name, np.concatenate([r.inputs[i].data for r in requests]), total)
+                tensor.name: self._feed(
+                    tensor.name,
+                    concatenate([r.inputs[i].data for r in requests])
+                    if tensor.name in self._ragged
+                    else np.concatenate([r.inputs[i].data for r in requests]),
+                    total,
+                )
                 for i, tensor in enumerate(requests[0].inputs)
             }
+            feeds.update(batch_inputs(self._config, requests))
         names = self._output_names(requests)
         fed = time.perf_counter_ns()
         results = self._run(names, feeds, _terminate_when_all_cancelled(requests))
         ran = time.perf_counter_ns()
+        scattered = {
+            name: scatter(array, requests, self._scattered[name])
+            for name, array in zip(names, results, strict=True)
+            if name in self._scattered
+        }
         responses: list[InferResponse | EdgedError] = []
         start = 0
-        for request in requests:
+        for index, request in enumerate(requests):
             end = start + request.batch_size
             # A single request takes the arrays whole (no slicing, so batch-less models work too).
             outputs = [
-                self._output(name, array if len(requests) == 1 else array[start:end], request.batch_size)
+                self._output(
+                    name,
+                    scattered[name][index] if name in scattered else array if len(requests) == 1 else array[start:end],
+                    request.batch_size,
+                )
                 for name, array in zip(names, results, strict=True)
             ]
             responses.append(InferResponse(request.model_name, str(request.model_version), request.id, outputs))
@@ -444,12 +468,15 @@ def _check_io(config: ModelConfig, context: LoadContext, session: ort.InferenceS
     # A sequence model's graph also takes the control inputs and state inputs the sequence batcher fills.
     sequences = config.sequence_batching
     extra = len([c.name for c in sequences.control_input]) + len(sequences.state)
+    extra += sum(len(spec.target_name) for spec in config.batch_input)
     if not required <= len(inputs) <= len(config.input) + extra:
         raise EdgedError(
             ErrorCode.INVALID_ARG,
             f"unable to load model '{model}', configuration expects {required} inputs, model provides {len(inputs)}",
         )
     batching = config.max_batch_size > 0
+    # Ragged inputs and scattered outputs are flat in the graph: no batch dimension before the config's dims.
+    flat = ragged_inputs(config) | set(scattered_outputs(config))
     for kind, declared, actual in (("input", config.input, inputs), ("output", config.output, outputs)):
         by_name = {t.name: t for t in actual}
         for tensor in declared:
@@ -469,7 +496,8 @@ def _check_io(config: ModelConfig, context: LoadContext, session: ort.InferenceS
                     f"{_type_name(model_type)}",
                 )
             config_dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
-            _compare_dims(model, tensor.name, _dims(found.shape), config_dims, batching, exact=kind == "output")
+            batched = batching and tensor.name not in flat
+            _compare_dims(model, tensor.name, _dims(found.shape), config_dims, batched, exact=kind == "output")
 
 
 def _compare_dims(
