@@ -14,6 +14,10 @@ gives that name as ``backend``::
 The backends edged provides keep their names: an entry point under one of them is ignored. packaging/backend-example
 is a complete one.
 
+A Python-based backend (``<--backend-directory>/<name>/model.py``, as Triton has them) serves the models whose
+config names ``<name>``, through the Python backend (edged.backends.python_based); it is looked for after edged's
+own backends and before installed packages.
+
 A framework backend given ``--backend-config <name>,isolation=process`` is built as edged.backends.isolation's
 IsolatedBackend over the Python backend: its models run in a process per instance.
 """
@@ -26,9 +30,12 @@ import threading
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from edged.backends.python_based import PythonBasedBackend, python_based_file
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from edged.core.backend_api import Backend, CustomMetricFamily, ServerApi
 
 log = logging.getLogger(__name__)
@@ -54,9 +61,16 @@ class BackendRegistry:
     the global ones); ``host``: the server, for backends whose models call other models (None outside the daemon,
     as in ``edged check-repo``)."""
 
-    def __init__(self, backend_config: dict[str, dict[str, str]], host: ServerApi | None = None) -> None:
+    def __init__(
+        self,
+        backend_config: dict[str, dict[str, str]],
+        host: ServerApi | None = None,
+        backend_directory: Path | None = None,
+    ) -> None:
         self._config = {name: dict(values) for name, values in backend_config.items()}
         self._host = host
+        # --backend-directory: where Python-based backends (<name>/model.py) are found (edged.backends.python_based).
+        self._directory = backend_directory
         self._loaded: dict[str, Backend] = {}
         # Models load on several threads at once; two first models of one backend must get the same backend (a
         # second one would hold, say, the metric families of the models loaded through it where no scrape sees them).
@@ -96,6 +110,10 @@ class BackendRegistry:
                 self._loaded[name] = IsolatedBackend(name, python)
                 return self._loaded[name]
         target = _BACKENDS.get(name)
+        python_based = python_based_file(self._directory, name) if target is None else None
+        if python_based is not None:
+            self._loaded[name] = PythonBasedBackend(self._build("python"), python_based)
+            return self._loaded[name]
         if target is not None:
             module_name, attribute = target.split(":")
             backend_class = getattr(importlib.import_module(module_name), attribute)

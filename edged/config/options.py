@@ -419,6 +419,15 @@ OPTIONS: Final[tuple[Option, ...]] = (
         metavar="BOOL",
         unset="not given",
     ),
+    Option(
+        "backend-directory",
+        "path",
+        None,
+        "where Python-based backends are found: a folder NAME/ holding a model.py serves the models whose config "
+        "says backend: NAME (Triton's flag; edged's own backends are built in)",
+        metavar="DIR",
+        unset="none",
+    ),
     Option("model-load-thread-count", "int", 4, "models loaded in parallel", low=1, metavar="N"),
     Option(
         "model-load-retry-count",

@@ -90,6 +90,7 @@ class Settings:
     strict_readiness: bool
     auto_complete_config: bool
     model_load_thread_count: int
+    backend_directory: Path | None
     model_load_retry_count: int
     model_config_name: str | None
     model_control_mode: str

@@ -143,7 +143,7 @@ class Core:
         # Taken once: instance groups are checked against it and instances placed on it as models load.
         devices = DeviceInventory.discover()
         log.info("devices: %s", devices.describe())
-        backends = BackendRegistry(settings.backend_config)
+        backends = BackendRegistry(settings.backend_config, backend_directory=settings.backend_directory)
         # Per-request latencies for the metrics' summaries and histograms, when --metrics-config asks for them.
         latencies = LatencyRecorder(settings.metrics_config)
         manager = ModelRepositoryManager(
