@@ -945,7 +945,7 @@ class TestStreamBacklog:
             message.raw_input_contents.append(block.tobytes())
             sent = 0
 
-            def requests() -> Iterator[Any]:
+            def unanswered() -> Iterator[Any]:
                 nonlocal sent
                 for _ in range(400):  # 100 MiB of answers, were they all held
                     sent += 1
@@ -954,7 +954,7 @@ class TestStreamBacklog:
             before = _rss_bytes(server)
             with grpc.insecure_channel(server.grpc_url) as channel:
                 stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-                unread = stub.ModelStreamInfer(requests())
+                unread = stub.ModelStreamInfer(unanswered())
                 peak = _peak_rss_until_steady(server, after=lambda: sent > 0)
                 assert sent < 400, "the daemon read every request of a client that reads nothing"
                 unread.cancel()

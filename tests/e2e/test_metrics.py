@@ -101,6 +101,8 @@ class TritonPythonModel:
         self.calls = calls.Metric(labels={"mode": "a", "zz": "1"})
         self.level = level.Metric(labels={"mode": "b"})
         self.latency = latency.Metric(labels={"mode": "c"}, buckets=[0.5, 1.0, 2.5])
+        # Kept: a family that goes (with its last reference) takes its metrics with it, as in Triton.
+        self.families = (calls, level, latency)
 
     def execute(self, requests):
         responses = []

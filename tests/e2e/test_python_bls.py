@@ -49,12 +49,15 @@ def test_bls_to_an_unknown_model_is_an_error_response(python_client: httpclient.
         python_client.infer("bls_sync", _inputs("no_such_model"))
     assert info.value.message() == (
         "Failed to process the request(s) for model instance 'bls_sync_0', message: "
-        "TritonModelException: Request for unknown model: 'no_such_model' is not found"
+        "TritonModelException: Model no_such_model - Error when running inference: Request for unknown model: "
+        "'no_such_model' is not found"
     )
     # The error response of an async BLS call is passed on unchanged by the model.
     with pytest.raises(InferenceServerException) as info:
         python_client.infer("bls_async", _inputs("no_such_model"))
-    assert info.value.message() == "Request for unknown model: 'no_such_model' is not found"
+    assert info.value.message() == (
+        "Model no_such_model - Error when running inference: Request for unknown model: 'no_such_model' is not found"
+    )
     assert info.value.status() == "404"
 
 
@@ -69,7 +72,10 @@ def test_bls_takes_bytes_wherever_tritons_binding_takes_a_string(
     assert "bls_sync_0: bls_sync calls add_sub with bytes" in python_server.log()
     with pytest.raises(InferenceServerException) as info:
         python_client.infer("bls_sync", _inputs("bytes:no_such_model"))
-    assert info.value.message() == "in bytes: Request for unknown model: 'no_such_model' is not found"
+    assert info.value.message() == (
+        "in bytes: Model no_such_model - Error when running inference: Request for unknown model: 'no_such_model' is "
+        "not found"
+    )
 
 
 def test_bls_with_bad_inputs_reports_the_callees_validation(python_client: httpclient.InferenceServerClient) -> None:

@@ -84,14 +84,14 @@ def test_errors_responses_and_requests() -> None:
     assert pb_utils.TritonError.CANCELLED == 7
     response = pb_utils.InferenceResponse(error=error, parameters={"a": 1})
     assert response.has_error() and json.loads(response.parameters()) == {"a": 1}
-    with pytest.raises(pb_utils.TritonModelException):
+    with pytest.raises(TypeError):
         pb_utils.InferenceResponse(output_tensors=pb_utils.Tensor("x", np.zeros(1)))  # type: ignore[arg-type]
     request = pb_utils.InferenceRequest(
         model_name="m", inputs=[], requested_output_names=["O"], correlation_id="seq", parameters={"k": True}
     )
     assert request.correlation_id() == "seq" and json.loads(request.parameters()) == {"k": True}
     assert not request.is_cancelled()
-    with pytest.raises(pb_utils.TritonModelException):
+    with pytest.raises(TypeError):
         pb_utils.InferenceRequest(model_name="m", inputs=[])
     with pytest.raises(pb_utils.TritonModelException, match="only available inside a model"):
         request.exec()
@@ -124,7 +124,8 @@ def test_metrics_keep_their_values_outside_a_stub() -> None:
     assert metric.value() == 5
     with pytest.raises(pb_utils.TritonModelException):
         metric.increment(-1)
-    gauge = pb_utils.MetricFamily("depth", "queue depth", pb_utils.MetricFamily.GAUGE).Metric()
+    depth = pb_utils.MetricFamily("depth", "queue depth", pb_utils.MetricFamily.GAUGE)
+    gauge = depth.Metric()
     gauge.set(7)
     assert gauge.value() == 7
     with pytest.raises(pb_utils.TritonModelException):
@@ -215,3 +216,98 @@ def test_stub_messages_read_the_same_with_or_without_msgspec(fast: bool, monkeyp
     for malformed in (b"[1, 2]", b'{"t": "log"} trailing', b"{not json", b"\xff"):
         with pytest.raises(ValueError):
             ipc.decode(malformed)
+
+
+def test_arguments_are_refused_as_tritons_binding_refuses_them() -> None:
+    """pybind11 raises TypeError for an argument of the wrong type or a missing one; the binding's own checks raise
+    TritonModelException with Triton's texts (qa/L0_backend_python argument_validation and parameters)."""
+    tensor = pb_utils.Tensor("INPUT0", np.zeros(2, dtype=np.int32))
+    none: Any = None  # what the model passes, typed as anything
+    one: Any = 1
+    no_dict: Any = []
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Expect N8pybind114dictE, got <class 'list'>$"):
+        pb_utils.InferenceResponse(parameters=no_dict)
+    with pytest.raises(
+        pb_utils.TritonModelException,
+        match=r"^Input tensor for request with id '' and model name 'm' should not be empty\.$",
+    ):
+        pb_utils.InferenceRequest(inputs=[none], model_name="m", requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Output tensor for inference response should not be"):
+        pb_utils.InferenceResponse(output_tensors=[none])
+    refused: list[Any] = [
+        lambda: pb_utils.InferenceResponse(output_tensors=none),
+        lambda: pb_utils.InferenceRequest(model_name="m", requested_output_names=[]),
+        lambda: pb_utils.InferenceRequest(inputs=[tensor], requested_output_names=[]),
+        lambda: pb_utils.InferenceRequest(model_name="m", inputs=[tensor]),
+        lambda: pb_utils.InferenceRequest(inputs=none, model_name="m", requested_output_names=[]),
+        lambda: pb_utils.InferenceRequest(model_name="m", inputs=[tensor], requested_output_names=[none]),
+        lambda: pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], correlation_id=none),
+        lambda: pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], model_version=none),
+        lambda: pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], flags=none),
+        lambda: pb_utils.Tensor("O", none),
+        lambda: pb_utils.Tensor(none, np.zeros(1)),
+        lambda: pb_utils.Logger.log("x", none),
+        lambda: pb_utils.Logger.log("x", one),
+        lambda: pb_utils.Logger.log_info(none),
+        lambda: pb_utils.Logger.log_warn(none),
+        lambda: pb_utils.Logger.log_error(none),
+        lambda: pb_utils.Logger.log_verbose(none),
+    ]
+    for name in ("OUTPUT0", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, none)
+    for index, call in enumerate(refused):
+        with pytest.raises(TypeError):
+            call()
+            pytest.fail(f"call {index} was accepted")
+    # What Triton accepts stays accepted.
+    pb_utils.Logger.log("level unspecified")
+    pb_utils.Logger.log("at a level", pb_utils.Logger.WARNING)
+    pb_utils.InferenceResponse(output_tensors=[])
+    pb_utils.InferenceResponse([tensor], parameters={"k": "v"})
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], correlation_id="s-5")
+    assert request.correlation_id() == "s-5"
+
+
+def test_metrics_follow_tritons_rules() -> None:
+    """Texts and rules of Triton 2.51's custom metrics (qa/L0_backend_python custom_metrics), checked against it."""
+    family = pb_utils.MetricFamily("shared_total", "shared", pb_utils.MetricFamily.COUNTER)
+    # Metrics with the same family name and labels are one series: they share their value.
+    first, second = family.Metric(labels={"a": "1"}), family.Metric(labels={"a": "1"})
+    first.increment(7.5)
+    assert second.value() == 7.5
+    again = pb_utils.MetricFamily("shared_total", "the same family again", pb_utils.MetricFamily.COUNTER)
+    empty = [family.Metric(labels={}), again.Metric()]
+    empty[0].increment(2)
+    assert empty[1].value() == 2
+    with pytest.raises(pb_utils.TritonModelException, match=r"Family name already exists with different type$"):
+        pb_utils.MetricFamily("shared_total", "shared", pb_utils.MetricFamily.GAUGE)
+    histograms = pb_utils.MetricFamily("latency", "latency", pb_utils.MetricFamily.HISTOGRAM)
+    for buckets in ([2.5, 0.1, 1.0], [1.0, 1.0, 2.0, 5.0, 5.0]):
+        with pytest.raises(pb_utils.TritonModelException, match=r"Bucket Boundaries must be strictly sorted$"):
+            histograms.Metric(labels={"b": str(buckets)}, buckets=buckets)
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Failed to create metric\. Missing required buckets\.$"):
+        histograms.Metric(labels={})
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Failed to create metric\. Unexpected buckets found\.$"):
+        family.Metric(labels={}, buckets=[1.0])
+    histograms.Metric(labels={"e": "1"}, buckets=[])
+    histogram = histograms.Metric(labels={"v": "1"}, buckets=[1.0, 2.0])
+    histogram.observe(1.5)
+    with pytest.raises(
+        pb_utils.TritonModelException, match=r"^Failed to get metric value: .*HISTOGRAM does not support"
+    ):
+        histogram.value()
+    with pytest.raises(
+        pb_utils.TritonModelException, match=r"^Failed to set metric value: .*COUNTER does not support Set"
+    ):
+        first.set(1)
+    gauges = pb_utils.MetricFamily("gone", "gone", pb_utils.MetricFamily.GAUGE)
+    orphan = gauges.Metric(labels={"x": "1"})
+    del gauges
+    with pytest.raises(
+        pb_utils.TritonModelException,
+        match=r"^Failed to set metric value: Invalid metric operation as the corresponding 'MetricFamily' has been "
+        r"deleted\. The 'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been "
+        r"deleted\.$",
+    ):
+        orphan.set(3)

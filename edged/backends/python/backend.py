@@ -4,9 +4,11 @@ Load: the model's name and file name are checked (no shell metacharacters, ``..`
 chosen (``EXECUTION_ENV_PATH``), then every instance's stub is started at once and initialized with the ``args``
 Triton passes. A failing ``initialize`` makes the version UNAVAILABLE with the exception's line as the reason.
 
-Settings (``--backend-config=python,<key>=<value>``): ``stub-timeout-seconds`` (default 30: how long an execute,
-a finalize, or a restart may take before the stub is killed), ``shm-default-byte-size`` (each ring's first
-size), ``env-cache-directory`` (where packed execution environments are unpacked).
+Settings (``--backend-config=python,<key>=<value>``): ``stub-timeout-seconds`` (default 30: how long a finalize,
+or a restart, may take before the stub is killed; as in Triton it does not bound execute),
+``execute-timeout-seconds`` (default 0, none: how long one execute may run before its stub is killed and restarted,
+an edged option), ``shm-default-byte-size`` (each ring's first size), ``env-cache-directory`` (where packed
+execution environments are unpacked).
 """
 
 from __future__ import annotations
@@ -55,12 +57,15 @@ class Settings:
     env_cache_dir: Path = field(
         default_factory=lambda: Path(tempfile.gettempdir()) / f"edged-python-envs-{os.getuid()}"
     )
+    # 0: an execute may run as long as it needs (Triton has no such limit).
+    execute_timeout_s: float = 0.0
 
     @classmethod
     def from_backend_config(cls, values: dict[str, str]) -> Settings:
         try:
             timeout = float(values.get("stub-timeout-seconds", "30"))
             size = int(values.get("shm-default-byte-size", str(shm.DEFAULT_SIZE)))
+            execute_timeout = float(values.get("execute-timeout-seconds", "0"))
         except ValueError as exc:
             raise EdgedError(ErrorCode.INVALID_ARG, f"invalid --backend-config for the python backend: {exc}") from None
         if timeout <= 0 or size <= 0:
@@ -68,8 +73,14 @@ class Settings:
                 ErrorCode.INVALID_ARG,
                 "--backend-config python,stub-timeout-seconds and shm-default-byte-size must be positive",
             )
+        if not execute_timeout >= 0:  # also refuses nan
+            raise EdgedError(
+                ErrorCode.INVALID_ARG, "--backend-config python,execute-timeout-seconds must be 0 (none) or positive"
+            )
         cache = values.get("env-cache-directory")
-        return cls(timeout, size, Path(cache)) if cache else cls(timeout, size)
+        if cache:
+            return cls(timeout, size, Path(cache), execute_timeout)
+        return cls(timeout, size, execute_timeout_s=execute_timeout)
 
 
 def check_name(what: str, value: str) -> None:
@@ -163,6 +174,7 @@ class PythonBackend:
         state = ModelState(
             config=config,
             settings_timeout_s=settings.stub_timeout_s,
+            execute_timeout_s=settings.execute_timeout_s,
             shm_size=settings.shm_default_byte_size,
             interpreter=interpreter,
             env=stub_environment(os.environ, interpreter, sys.executable),

@@ -2,8 +2,9 @@
 
 Threads: ``spawn``/``wait_initialized`` run on the load thread (blocking). From ``attach`` on, everything runs on
 the event loop: ``execute_async`` sends a batch and awaits the stub's reply, the stub's messages (decoupled
-responses, BLS calls, logs) are handled as they arrive, and a stub that dies or overruns its timeout fails what
-it had in flight and is restarted in the background; the instance is not ready until the restart is done.
+responses, BLS calls, logs) are handled as they arrive, and a stub that dies (or overruns execute-timeout-seconds,
+when set) fails what it had in flight and is restarted in the background; the instance is not ready until the
+restart is done.
 """
 
 from __future__ import annotations
@@ -256,18 +257,19 @@ class PythonInstance:
                 self._streams[rid] = request
             request.on_cancel(functools.partial(self._cancel, rid))
         timing.input_ns = sent - started
-        if self._watchdog is None:
-            self._watchdog = loop.call_later(self._state.settings_timeout_s, self._check_timeout)
+        if self._watchdog is None and self._state.execute_timeout_s > 0:
+            self._watchdog = loop.call_later(self._state.execute_timeout_s, self._check_timeout)
         return future
 
     def _check_timeout(self) -> None:
-        """Kills a stub whose current execute has run past the stub timeout (one timer per instance, not one per
-        request: it looks at the batch the stub is running, then sleeps until that one's deadline)."""
+        """Kills a stub whose current execute has run past execute-timeout-seconds, when that is set (one timer per
+        instance, not one per request: it looks at the batch the stub is running, then sleeps until that one's
+        deadline)."""
         self._watchdog = None
         stub = self._stub
         if not self._batches or stub is None or stub.gone or self._loop is None:
             return
-        timeout = self._state.settings_timeout_s
+        timeout = self._state.execute_timeout_s
         running = next(iter(self._batches.values()))
         left_ns = running.begun_ns + int(timeout * 1e9) - time.perf_counter_ns()
         if left_ns <= 0:
@@ -348,7 +350,9 @@ class PythonInstance:
             if self._state.decoupled:
                 for rid in batch.rids:
                     self._end_stream(rid, failure)
-            return [failure] * len(batch.requests)
+            # Default mode: responses the model had sent through the response sender before it failed stand.
+            sent = message.get("sent") or [{}] * len(batch.requests)
+            return [self._response(q, r, payload) if r else failure for q, r in zip(batch.requests, sent, strict=True)]
         results: Results
         if self._state.decoupled:
             results = [None] * len(batch.requests)

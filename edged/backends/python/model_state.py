@@ -21,6 +21,8 @@ class ModelState:
 
     config: ModelConfig
     settings_timeout_s: float
+    # How long one execute may run before its stub is killed; 0: no limit (the default, as in Triton).
+    execute_timeout_s: float
     shm_size: int
     interpreter: str
     env: dict[str, str]

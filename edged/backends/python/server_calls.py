@@ -37,17 +37,18 @@ class ServerCalls:
         self._instance = instance
         self._server = server
         self._stub = stub  # the instance's current stub (a restart replaces it)
-        self._bls: dict[int, asyncio.Task[None]] = {}
+        self._bls: dict[int, tuple[InferRequest, asyncio.Task[None]]] = {}
 
     def cancel(self, call: int) -> None:
-        """The model gave up on a BLS request (its iterator was dropped, or the request was cancelled)."""
-        task = self._bls.get(call)
-        if task is not None:
-            task.cancel()
+        """The model cancelled a decoupled BLS request (``ResponseIterator.cancel()``). As in Triton, the callee is
+        told (its ``request.is_cancelled()``) and whatever it still sends is delivered until its final response."""
+        entry = self._bls.get(call)
+        if entry is not None:
+            entry[0].cancel()
 
     def cancel_all(self) -> None:
         """The stub is gone: nothing it asked for is wanted any more."""
-        for task in list(self._bls.values()):
+        for _, task in list(self._bls.values()):
             task.cancel()
 
     # --- BLS --------------------------------------------------------------------------------------------------
@@ -66,6 +67,9 @@ class ServerCalls:
             parameters["sequence_start"] = True
         if flags & 2:
             parameters["sequence_end"] = True
+        timeout = spec.get("timeout", 0)
+        if timeout:
+            parameters["timeout"] = int(timeout)  # microseconds, as the frontends pass a client's timeout
         names = spec.get("outputs", [])
         request = InferRequest(
             model_name=str(spec.get("model_name", "")),
@@ -76,7 +80,7 @@ class ServerCalls:
             parameters=parameters,
         )
         task = asyncio.ensure_future(self._run_bls(call, request, bool(message.get("decoupled"))))
-        self._bls[call] = task
+        self._bls[call] = (request, task)
         task.add_done_callback(lambda _: self._bls.pop(call, None))
 
     async def _run_bls(self, call: int, request: InferRequest, decoupled: bool) -> None:
@@ -92,6 +96,11 @@ class ServerCalls:
                 self._send_bls(call, await self._server.infer(request), None, True)
                 final_sent = True
         except EdgedError as exc:
+            if not request.arrival_ns:
+                # Refused before it was queued (unknown model, invalid inputs): Triton's text for a request its
+                # server would not take.
+                text = f"Model {request.model_name} - Error when running inference: {exc.message}"
+                exc = EdgedError(exc.code, text)
             self._send_bls(call, None, exc, True)
             final_sent = True
         except asyncio.CancelledError:

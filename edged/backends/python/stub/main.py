@@ -49,6 +49,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _WIRE = os.path.join(os.path.dirname(_HERE), "wire")
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from types import ModuleType
 
     import edged.backends.python.stub.triton_python_backend_utils as pb_utils
@@ -66,6 +67,7 @@ else:
     for _name in ("ipc", "shm"):
         sys.modules.pop(_name, None)
 
+_RESPONSE_IN_LIST = "an 'InferenceResponse' object in the execute function return list"
 _LEVELS = {pb_utils.Logger.INFO, pb_utils.Logger.WARNING, pb_utils.Logger.ERROR, pb_utils.Logger.VERBOSE}
 
 
@@ -105,7 +107,7 @@ class Runtime:
         self.model_dir = ""
         self.decoupled = False
         self.model: Any = None
-        self.model_name = ""
+        self.model_name = self.instance_name = ""
         self.output_names: set[str] = set()
         self._all_outputs: list[str] = []
         # Who reads the socket: the main thread while idle; while it is busy in the model, the reader thread, once
@@ -211,9 +213,14 @@ class Runtime:
             if work is not None:
                 return work
 
-    def busy(self) -> _Busy:
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
         """While the model runs (the reader thread reads the socket if the model needs it to)."""
-        return _Busy(self)
+        self._enter_busy()
+        try:
+            yield
+        finally:
+            self._leave_busy()
 
     def _enter_busy(self) -> None:
         with self._state:
@@ -318,7 +325,7 @@ class Runtime:
             if self.decoupled:
                 if result is not None:
                     raise pb_utils.TritonModelException(
-                        f"Python model '{self.model_name}' is using the decoupled mode and the execute function "
+                        f"Python model '{self.instance_name}' is using the decoupled mode and the execute function "
                         "must return None."
                     )
             else:
@@ -334,25 +341,20 @@ class Runtime:
                         self._cancelled.discard(requests[index]._rid)
         except Exception as exc:
             message_text, frames = describe(exc)
-            reply["error"] = {"msg": message_text, "code": "INTERNAL"}
-            reply["trace"] = frames
-            tensors = None
+            reply["error"], reply["trace"], tensors = {"msg": message_text, "code": "INTERNAL"}, frames, None
+            if not self.decoupled and any(r._sent_response for r in requests):
+                # Default mode: a response sent through the sender before the failure stays its request's answer.
+                tensors = ipc.TensorWriter()
+                sent = [(r._sent_response, r.requested_output_names()) for r in requests]
+                reply["sent"] = [
+                    self._response(response, tensors, names) if response else {} for response, names in sent
+                ]
         return reply, tensors
 
     def _responses(
         self, requests: list[pb_utils.InferenceRequest], result: Any, tensors: ipc.TensorWriter
     ) -> list[ipc.ResponseMsg]:
-        if result is None:
-            # Default mode may answer through the response senders instead (one response and FINAL each); a
-            # request released with RESCHEDULE has no answer this time.
-            answering = [r for r in requests if not _runs_again(r)]
-            with self._sent:
-                while not all(r._sender is not None and r._sender._is_closed() for r in answering):
-                    if not self._sent.wait(timeout=1.0) and all(r._sender is None for r in answering):
-                        raise pb_utils.TritonModelException(
-                            "Expected a list in the execute return, found type '<class 'NoneType'>'."
-                        )
-            result = [r._sent_response for r in requests]
+        returned_none, result = result is None, [None] * len(requests) if result is None else result
         if not isinstance(result, list):
             raise pb_utils.TritonModelException(f"Expected a list in the execute return, found type '{type(result)}'.")
         if len(result) != len(requests):
@@ -360,16 +362,23 @@ class Runtime:
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n"
             )
+        # None answers through the response sender (one response and FINAL), maybe after execute returned; a request
+        # released with RESCHEDULE has no answer this time.
+        answering = [q for q, r in zip(requests, result, strict=True) if r is None and not _runs_again(q)]
+        with self._sent:
+            while not all(r._sender is not None and r._sender._is_closed() for r in answering):
+                if not self._sent.wait(timeout=1.0) and all(r._sender is None for r in answering):
+                    what = "a list in the execute return" if returned_none else _RESPONSE_IN_LIST
+                    raise pb_utils.TritonModelException(f"Expected {what}, found type '<class 'NoneType'>'.")
         messages: list[ipc.ResponseMsg] = []
-        for response, request in zip(result, requests, strict=True):
+        for returned, request in zip(result, requests, strict=True):
             if _runs_again(request):
                 messages.append({})  # runs again: its answer (None, as Triton asks) comes from a later execute
                 continue
+            # A response already sent through the sender is the answer; Triton ignores one returned as well.
+            response = request._sent_response or returned
             if not isinstance(response, pb_utils.InferenceResponse):
-                raise pb_utils.TritonModelException(
-                    "Expected an 'InferenceResponse' object in the execute function return list, found type "
-                    f"'{type(response)}'."
-                )
+                raise pb_utils.TritonModelException(f"Expected {_RESPONSE_IN_LIST}, found type '{type(response)}'.")
             messages.append(self._response(response, tensors, request.requested_output_names()))
         return messages
 
@@ -449,7 +458,7 @@ class Runtime:
     # --- what triton_python_backend_utils calls -----------------------------------------------------------------
 
     def log(self, level: int, message: str) -> None:
-        self.send({"t": "log", "level": level if level in _LEVELS else pb_utils.Logger.INFO, "msg": ipc.cut(message)})
+        self.send({"t": "log", "level": int(level) if level in _LEVELS else 0, "msg": ipc.cut(message)})
 
     def is_cancelled(self, request: pb_utils.InferenceRequest) -> bool:
         if request._rid in self._cancelled:
@@ -569,17 +578,6 @@ class Runtime:
         self.send({"t": "metric", **message})
 
 
-class _Busy:
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-
-    def __enter__(self) -> None:
-        self._runtime._enter_busy()
-
-    def __exit__(self, *_: object) -> None:
-        self._runtime._leave_busy()
-
-
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
@@ -630,7 +628,7 @@ def auto_complete(runtime: Runtime, message: dict[str, Any]) -> None:
 def initialize(runtime: Runtime, message: dict[str, Any]) -> bool:
     runtime.model_dir = message["model_dir"]
     runtime.decoupled = bool(message.get("decoupled", False))
-    runtime.model_name = message["args"]["model_name"]
+    runtime.model_name, runtime.instance_name = message["args"]["model_name"], message["args"]["model_instance_name"]
     runtime._all_outputs = list(message.get("outputs", []))
     runtime.output_names = set(runtime._all_outputs)
     try:
@@ -669,6 +667,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
+    sys.argv = [""]  # as in Triton's embedded interpreter (a model's unittest.main() parses it)
     sock.setblocking(True)
     runtime = Runtime(sock)
     pb_utils._runtime = runtime

@@ -18,10 +18,12 @@ its folder off ``sys.path`` for that reason).
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -110,10 +112,20 @@ def _text(value: Any, what: str) -> str:
     raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
 
 
+def _incompatible(function: str, signature: str, arguments: str) -> TypeError:
+    """pybind11's refusal of arguments that do not fit the C++ signature of Triton's binding."""
+    kind = "constructor" if function == "__init__" else "function"
+    return TypeError(
+        f"{function}(): incompatible {kind} arguments. The following argument types are supported:\n"
+        f"    1. {signature}\n\nInvoked with: {arguments}"
+    )
+
+
 class _Runtime(Protocol):
     """What the stub provides to this module."""
 
     model_dir: str
+    decoupled: bool
 
     def log(self, level: int, message: str) -> None: ...
 
@@ -263,6 +275,9 @@ class Tensor:
     __slots__ = ("_array", "_name", "_type")
 
     def __init__(self, name: str | bytes, data: Any) -> None:
+        if data is None or not isinstance(name, (str, bytes, bytearray)):
+            signature = "triton_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)"
+            raise _incompatible("__init__", signature, f"{name!r}, {data!r}")
         if not isinstance(name, str):
             name = _text(name, "a tensor's name")
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
@@ -326,6 +341,15 @@ class Tensor:
     def from_dlpack(name: str | bytes, dlpack_tensor: Any) -> Tensor:
         """A tensor from a DLPack capsule or any object with ``__dlpack__`` (CPU memory, C-contiguous)."""
         name = _text(name, "a tensor's name")
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        if type(dlpack_tensor).__name__ != "PyCapsule" and not (
+            hasattr(dlpack_tensor, "__dlpack__") and hasattr(dlpack_tensor, "__dlpack_device__")
+        ):
+            raise TritonModelException(
+                "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` and "
+                "`__dlpack_device__` attributes"
+            )
         if isinstance(dlpack_tensor, Tensor):
             # Another pb_utils tensor (BF16 included): share its data.
             return Tensor._from_wire(name, dlpack_tensor._wire_datatype(), dlpack_tensor._array)
@@ -436,16 +460,37 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if inputs is None or requested_output_names is None or model_name is None:
-            raise TritonModelException(
-                "'inputs', 'requested_output_names' and 'model_name' must be given to create an InferenceRequest"
+        if (
+            inputs is None
+            or requested_output_names is None
+            or model_name is None
+            or not isinstance(correlation_id, (int, str))
+            or not isinstance(model_version, int)
+            or not isinstance(flags, int)
+            or not isinstance(timeout, int)
+        ):
+            raise _incompatible(
+                "__init__",
+                "triton_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
+                "inputs: List[Tensor], requested_output_names: List[str], model_name: str, model_version: int = -1, "
+                "flags: int = 0, timeout: int = 0, preferred_memory: PreferredMemory = ..., trace: InferenceTrace = "
+                "..., parameters: object = None)",
+                f"kwargs: inputs={inputs!r}, requested_output_names={requested_output_names!r}, "
+                f"model_name={model_name!r}",
             )
+        if parameters is not None and not isinstance(parameters, (dict, str)):
+            raise TritonModelException(f"Expect N8pybind114dictE, got {type(parameters)}")
         parameters_json = parameters if isinstance(parameters, str) else json.dumps(_checked_parameters(parameters))
         self._request_id = _text(request_id, "a request's id")
         self._correlation_id = correlation_id
-        self._inputs = list(inputs)
         self._outputs = [_text(name, "a requested output's name") for name in requested_output_names]
         self._model_name = _text(model_name, "a model's name")
+        self._inputs = list(inputs)
+        if any(tensor is None for tensor in self._inputs):
+            raise TritonModelException(
+                f"Input tensor for request with id '{self._request_id}' and model name '{self._model_name}' should "
+                "not be empty."
+            )
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -558,6 +603,9 @@ def _checked_parameters(parameters: dict[Any, Any] | None) -> dict[str, Any]:
     return parameters or {}
 
 
+_EMPTY: list[Any] = []  # InferenceResponse's default output_tensors (never changed: a copy is kept)
+
+
 class InferenceResponse:
     """``InferenceResponse(output_tensors=[...], error=None, parameters=None)``."""
 
@@ -565,20 +613,27 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: list[Tensor] = _EMPTY,
         error: TritonError | None = None,
-        parameters: dict[str, Any] | str | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> None:
-        tensors = [] if output_tensors is None else output_tensors
+        tensors = output_tensors
         if not isinstance(tensors, list):
-            raise TritonModelException('"output_tensors" must be a list.')
+            raise _incompatible(
+                "__init__",
+                "triton_python_backend_utils.InferenceResponse(output_tensors: List[Tensor] = [], error: TritonError "
+                "= None, parameters: object = None)",
+                f"kwargs: output_tensors={output_tensors!r}",
+            )
+        if any(tensor is None for tensor in tensors):
+            raise TritonModelException("Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException('"error" must be a TritonError.')
-        if parameters is None or (isinstance(parameters, dict) and not parameters):
-            parsed: dict[str, Any] = {}
-        else:
-            parsed = _checked_parameters(json.loads(parameters) if isinstance(parameters, str) else dict(parameters))
-        self._tensors = tensors
+        if parameters is not None and not isinstance(parameters, dict):
+            # Triton's text, with the C++ type's mangled name.
+            raise TritonModelException(f"Expect N8pybind114dictE, got {type(parameters)}")
+        parsed: dict[str, Any] = _checked_parameters(dict(parameters)) if parameters else {}
+        self._tensors = tensors if tensors is not _EMPTY else []
         self._error = error
         self._parameters: dict[str, Any] = parsed
 
@@ -601,6 +656,7 @@ class InferenceResponseSender:
     def __init__(self, request: InferenceRequest) -> None:
         self._request = request
         self._closed = False
+        self._sent = 0  # sends so far, flag-only ones too (Triton's count)
         self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
@@ -610,12 +666,25 @@ class InferenceResponseSender:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero"
             )
+        runtime = _require_runtime("the response sender")
         with self._lock:
+            if not runtime.decoupled:
+                # Default mode: one response, then (or with it) the final flag; Triton's rules and texts.
+                if response is not None and self._sent:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response."
+                    )
+                if response is None and flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL and not self._sent:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final before sending a "
+                        "response."
+                    )
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
             if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
                 self._closed = True
-        _require_runtime("the response sender").send_response(self._request, response, flags)
+            self._sent += 1
+        runtime.send_response(self._request, response, flags)
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()
@@ -660,36 +729,57 @@ class ResponseIterator:
 # --- logging ------------------------------------------------------------------------------------------------
 
 
-class Logger:
-    """Messages to the server's log, at Triton's levels."""
-
+class _LogLevel(enum.IntEnum):
     INFO = 0
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
 
+
+class Logger:
+    """Messages to the server's log, at Triton's levels (an enum, as in Triton: a plain int is refused)."""
+
+    LogLevel = _LogLevel
+    INFO = _LogLevel.INFO
+    WARNING = _LogLevel.WARNING
+    ERROR = _LogLevel.ERROR
+    VERBOSE = _LogLevel.VERBOSE
+
     @staticmethod
-    def log(message: str | bytes, level: int = INFO) -> None:
-        text = _text(message, "a log message") if isinstance(message, (bytes, bytearray)) else str(message)
+    def log(message: str | bytes, level: _LogLevel = _LogLevel.INFO) -> None:
+        if not isinstance(message, (str, bytes, bytearray)) or not isinstance(level, _LogLevel):
+            signature = (
+                "(message: str, level: triton_python_backend_utils.Logger.LogLevel = <LogLevel.INFO: 0>) -> None"
+            )
+            raise _incompatible("log", signature, f"{message!r}, {level!r}")
+        text = message if isinstance(message, str) else _text(message, "a log message")
         if _runtime is None:
             print(text, file=sys.stderr)
             return
-        _runtime.log(level, text)
+        _runtime.log(int(level), text)
 
     @staticmethod
     def log_info(message: str | bytes) -> None:
+        if not isinstance(message, (str, bytes, bytearray)):
+            raise _incompatible("log_info", "(message: str) -> None", repr(message))
         Logger.log(message, Logger.INFO)
 
     @staticmethod
     def log_warn(message: str | bytes) -> None:
+        if not isinstance(message, (str, bytes, bytearray)):
+            raise _incompatible("log_warn", "(message: str) -> None", repr(message))
         Logger.log(message, Logger.WARNING)
 
     @staticmethod
     def log_error(message: str | bytes) -> None:
+        if not isinstance(message, (str, bytes, bytearray)):
+            raise _incompatible("log_error", "(message: str) -> None", repr(message))
         Logger.log(message, Logger.ERROR)
 
     @staticmethod
     def log_verbose(message: str | bytes) -> None:
+        if not isinstance(message, (str, bytes, bytearray)):
+            raise _incompatible("log_verbose", "(message: str) -> None", repr(message))
         Logger.log(message, Logger.VERBOSE)
 
 
@@ -697,7 +787,10 @@ class Logger:
 
 
 class MetricFamily:
-    """``MetricFamily(name, description, kind)``; its ``Metric(labels, buckets)`` are the labelled series."""
+    """``MetricFamily(name, description, kind)``; its ``Metric(labels, buckets)`` are the labelled series.
+
+    As in Triton, families with one name share their series (metrics with the same labels are one value), a name
+    keeps its kind while a family of it exists, and a Metric outlives its family only to report that it is gone."""
 
     COUNTER = 0
     GAUGE = 1
@@ -710,11 +803,17 @@ class MetricFamily:
         description = _text(description, "a metric family's description")
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException(f"unknown metric kind {kind}")
+        for other in list(_FAMILIES):
+            if other.name == name and other.kind != kind:
+                raise _metric_error(
+                    "Error when creating MetricFamily", "Family name already exists with different type"
+                )
         MetricFamily._ids += 1
         self._id = MetricFamily._ids
-        self.name = name
-        self.description = description
-        self.kind = kind
+        self.name: str = name
+        self.description: str = description
+        self.kind: int = kind
+        _FAMILIES.add(self)
         if _runtime is not None:
             _runtime.metric(
                 {"op": "family", "family": self._id, "name": name, "description": description, "kind": kind}
@@ -724,54 +823,94 @@ class MetricFamily:
         return Metric(self, labels or {}, buckets)
 
 
+# The families alive in this stub (a name's kind is fixed while one exists), and the series their metrics share.
+_FAMILIES: weakref.WeakSet[MetricFamily] = weakref.WeakSet()
+_SERIES: weakref.WeakValueDictionary[tuple[str, tuple[tuple[str, str], ...]], _Series] = weakref.WeakValueDictionary()
+_KIND_NAMES = (
+    "TRITONSERVER_METRIC_KIND_COUNTER",
+    "TRITONSERVER_METRIC_KIND_GAUGE",
+    "TRITONSERVER_METRIC_KIND_HISTOGRAM",
+)
+
+
+def _metric_error(what: str, message: str) -> TritonModelException:
+    """Triton's text for a metric request the server refused."""
+    instance = getattr(_runtime, "instance_name", "")
+    return TritonModelException(f"{what}: Failed to process the request for model '{instance}', message: {message}")
+
+
+class _Series:
+    """One labelled series' value, shared by every Metric of it."""
+
+    __slots__ = ("__weakref__", "lock", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.lock = threading.Lock()
+
+
 class Metric:
     _ids = 0
 
     def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: list[float] | None) -> None:
-        if family.kind == MetricFamily.HISTOGRAM and not buckets:
-            raise TritonModelException("a histogram metric needs buckets")
-        if family.kind != MetricFamily.HISTOGRAM and buckets:
-            raise TritonModelException("only a histogram metric takes buckets")
+        if family.kind == MetricFamily.HISTOGRAM and buckets is None:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        if family.kind != MetricFamily.HISTOGRAM and buckets is not None:
+            raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+        if buckets and list(buckets) != sorted(set(buckets)):  # strictly increasing
+            raise _metric_error("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
         Metric._ids += 1
         self._id = Metric._ids
-        self._family = family
-        self._value = 0.0
-        self._lock = threading.Lock()
+        self._family = weakref.ref(family)
+        self._kind = family.kind
+        key = (family.name, tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+        series = _SERIES.get(key)
+        if series is None:
+            series = _SERIES[key] = _Series()
+        self._series = series
         if _runtime is not None:
             _runtime.metric(
                 {"op": "metric", "family": family._id, "metric": self._id, "labels": labels, "buckets": buckets}
             )
+
+    def _check(self, what: str, operation: str, allowed: tuple[int, ...]) -> None:
+        if self._family() is None:
+            raise TritonModelException(
+                f"{what}: Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+                "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been deleted."
+            )
+        if self._kind not in allowed:
+            raise _metric_error(what, f"{_KIND_NAMES[self._kind]} does not support {operation}")
 
     def _update(self, op: str, value: float) -> None:
         if _runtime is not None:
             _runtime.metric({"op": op, "metric": self._id, "value": value})
 
     def increment(self, value: float) -> None:
-        if self._family.kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("increment() is not defined for a histogram")
-        if self._family.kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("a counter cannot be decremented")
-        with self._lock:
-            self._value += value
+        self._check("Failed to increment metric value", "Increment", (MetricFamily.COUNTER, MetricFamily.GAUGE))
+        if self._kind == MetricFamily.COUNTER and value < 0:
+            raise _metric_error(
+                "Failed to increment metric value",
+                "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by non-negative values.",
+            )
+        with self._series.lock:
+            self._series.value += value
         self._update("increment", value)
 
     def set(self, value: float) -> None:
-        if self._family.kind != MetricFamily.GAUGE:
-            raise TritonModelException("set() is only defined for a gauge")
-        with self._lock:
-            self._value = value
+        self._check("Failed to set metric value", "Set", (MetricFamily.GAUGE,))
+        with self._series.lock:
+            self._series.value = value
         self._update("set", value)
 
     def observe(self, value: float) -> None:
-        if self._family.kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("observe() is only defined for a histogram")
-        with self._lock:
-            self._value += value
+        self._check("Failed to observe metric value", "Observe", (MetricFamily.HISTOGRAM,))
         self._update("observe", value)
 
     def value(self) -> float:
-        """The counter's or gauge's value; for a histogram, the sum of what it observed."""
-        return self._value
+        """The counter's or gauge's value (a histogram has none, as in Triton)."""
+        self._check("Failed to get metric value", "Value", (MetricFamily.COUNTER, MetricFamily.GAUGE))
+        return self._series.value
 
 
 # --- model management ---------------------------------------------------------------------------------------

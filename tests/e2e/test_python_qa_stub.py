@@ -1,0 +1,120 @@
+"""What Triton's own qa models (qa/L0_backend_python) do inside a Python model, as edged's stub must let them: an
+in-model unittest suite, an execute that runs longer than the stub timeout, BLS requests with a timeout or to a
+model that does not exist, a decoupled model that returns a response, the response sender of a model that is not
+decoupled, and a cancelled decoupled BLS stream. Texts are Triton 2.51's (checked against it where it has them)."""
+
+from __future__ import annotations
+
+import queue
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import PYTHON_STUB_TIMEOUT_S
+from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, add_sub_inputs
+from tritonclient.utils import InferenceServerException
+
+
+def _probe(client: httpclient.InferenceServerClient, mode: str) -> str:
+    tensor = httpclient.InferInput("MODE", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    return str(client.infer("qa_probe", [tensor]).as_numpy("OUT")[0].decode())
+
+
+def _probe_error(client: httpclient.InferenceServerClient, mode: str) -> str:
+    tensor = httpclient.InferInput("MODE", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("qa_probe", [tensor])
+    return str(info.value.message())
+
+
+def test_an_in_model_unittest_suite_sees_the_argv_of_tritons_stub(
+    python_client: httpclient.InferenceServerClient,
+) -> None:
+    # unittest.main("model", exit=False) parses sys.argv: Triton's embedded interpreter has [""], and so must the
+    # stub (its socket's fd there made unittest look for a test named "21").
+    assert _probe(python_client, "unittest") == "True"
+
+
+def test_execute_may_run_longer_than_the_stub_timeout(python_server: Server, tmp_path: Path) -> None:
+    """The stub timeout bounds starting a stub and its messages, not how long execute runs (as in Triton)."""
+    client = httpclient.InferenceServerClient(python_server.http_url, network_timeout=120.0)
+    release = tmp_path / "release"
+    held = client.async_infer("add_sub_python", add_sub_inputs(), parameters={"hold": str(release)})
+    deadline = time.monotonic() + 60
+    while f"add_sub_python holds its instance until {release} exists" not in python_server.log():
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.02)
+    # Held well past the stub timeout: only an execute watchdog could end it, and there is none by default.
+    time.sleep(2 * PYTHON_STUB_TIMEOUT_S + 1)
+    release.touch()
+    result = held.get_result()
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+    client.close()
+
+
+def test_a_bls_request_carries_its_timeout_to_the_callee(python_client: httpclient.InferenceServerClient) -> None:
+    assert _probe(python_client, "bls_timeout") == "123456"
+
+
+def test_a_queued_bls_request_past_its_timeout_expires(python_client: httpclient.InferenceServerClient) -> None:
+    # The callee's queue policy allows the override: 1 ms, while the one instance is held by an earlier request.
+    assert _probe(python_client, "bls_timeout_expires") == "Request timeout expired"
+
+
+def test_bls_refusals_carry_tritons_prefix(python_client: httpclient.InferenceServerClient) -> None:
+    # Triton prefixes what the server refuses before the request runs (exec and exec(decoupled=True) alike).
+    expected = (
+        "Model no_such_model - Error when running inference: Request for unknown model: 'no_such_model' is not found"
+    )
+    assert _probe(python_client, "bls_unknown").split("\n") == [expected, expected]
+
+
+def _stream_error(python_server: Server, model: str, text: str) -> str:
+    client = grpcclient.InferenceServerClient(python_server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put(error or result), results))
+    try:
+        tensor = grpcclient.InferInput("IN", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        client.async_stream_infer(model, [tensor])
+        item = results.get(timeout=30)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert isinstance(item, InferenceServerException)
+    return str(item.message())
+
+
+def test_a_decoupled_execute_that_returns_a_response_is_named_by_its_instance(python_server: Server) -> None:
+    message = _stream_error(python_server, "qa_probe_decoupled", "return_response")
+    assert (
+        "Python model 'qa_probe_decoupled_0_0' is using the decoupled mode and the execute function must return None."
+        in message
+    )
+
+
+def test_non_decoupled_sender_keeps_the_sent_response(python_client: httpclient.InferenceServerClient) -> None:
+    assert _probe(python_client, "sender_sent") == "sent"
+    # Sent, then returned as well: the sent one is the answer, as in Triton.
+    assert _probe(python_client, "sender_sent_and_returned") == "sent"
+    # A second send raises in execute; the first response was delivered already, and stays the answer.
+    assert _probe(python_client, "sender_two") == "first"
+
+
+def test_non_decoupled_sender_cannot_send_final_alone(python_client: httpclient.InferenceServerClient) -> None:
+    message = _probe_error(python_client, "sender_final_only")
+    assert "Non-decoupled model cannot send complete final before sending a response" in message
+
+
+def test_cancelling_a_decoupled_bls_stream_only_tells_the_callee(
+    python_client: httpclient.InferenceServerClient,
+) -> None:
+    # Triton flags the callee's request as cancelled and delivers whatever the callee still sends.
+    assert _probe(python_client, "bls_cancel_stream") == "first,cancelled: True"
