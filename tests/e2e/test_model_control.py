@@ -247,19 +247,27 @@ def test_swaps_under_load_lose_no_request(explicit: tuple[Server, Path, Path], m
     assert len(resized) == 3
 
 
-def test_a_sequence_model_whose_instance_count_changes_is_reloaded(explicit: tuple[Server, Path, Path]) -> None:
-    # Instances are changed in place only where the scheduler can take them so; a sequence batcher's slots belong
-    # to its instances, so the model is reloaded beside instead (it answered INTERNAL here once).
+def test_a_sequence_model_whose_instance_count_changes_keeps_its_sequences(
+    explicit: tuple[Server, Path, Path],
+) -> None:
+    # As Triton: instances are added and removed in place, so a sequence begun before the change goes on after it
+    # (a reload would have lost it), and the instance that goes waits for the sequences that live on it.
     server, repo, _ = explicit
     client = httpclient.InferenceServerClient(server.http_url)
     config = repo / "served" / "config.pbtxt"
     base = config.read_text(encoding="utf-8") + "sequence_batching { max_sequence_idle_microseconds: 60000000 }\n"
-    for count in (1, 2):
+
+    def infer(**flags: Any) -> None:
+        result = client.infer("served", add_sub_inputs(), sequence_id=7, **flags)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+
+    for count, flags in ((1, {"sequence_start": True}), (3, {}), (1, {"sequence_end": True})):
         config.write_text(base + f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n", encoding="utf-8")
         client.load_model("served")
         assert client.get_model_config("served")["instance_group"][0]["count"] == count
-        result = client.infer("served", add_sub_inputs(), sequence_id=count, sequence_start=True, sequence_end=True)
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)
+        infer(**flags)
+    resized = [e for e in _history(server, "served")["events"] if e["reason"].startswith("instances changed in place")]
+    assert len(resized) == 2
 
 
 def test_a_broken_new_version_leaves_the_old_one_serving(explicit: tuple[Server, Path, Path]) -> None:

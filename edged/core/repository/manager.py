@@ -38,7 +38,8 @@ from edged.core.repository.warmup import run_warmup
 from edged.core.request.validation import ModelSignature
 from edged.core.scheduling.dynamic import DynamicBatcher
 from edged.core.scheduling.scheduler import DirectScheduler
-from edged.core.scheduling.sequence import SequenceBatcher, check_sequence_config
+from edged.core.scheduling.sequence import SequenceBatcher
+from edged.core.scheduling.sequence_inputs import check_sequence_config
 from edged.core.stats import ModelStatistics, RequestObserver
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig

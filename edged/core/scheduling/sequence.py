@@ -33,7 +33,6 @@ Everything runs on the event loop; executions run as the dynamic batcher runs th
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import deque
@@ -44,9 +43,15 @@ import numpy as np
 
 from edged.core.request.inference import InferInput, InferRequest
 from edged.core.scheduling.scheduler import BatchRunner
+from edged.core.scheduling.sequence_inputs import (
+    Control,
+    CorrelationId,
+    control_inputs,
+    corrid_number,
+    states,
+)
 from edged.core.stats import ExecutionTiming, FailureReason
 from edged.errors import AnsweredError, EdgedError, ErrorCode
-from edged.proto.model_config_pb2 import DataType, ModelSequenceBatching
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -61,41 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_US = 1_000_000
-_Control = ModelSequenceBatching.Control
-# Wire name and numpy type of the data types control inputs and states may use.
-_TYPES: dict[int, tuple[str, Any]] = {
-    DataType.TYPE_BOOL: ("BOOL", np.bool_),
-    DataType.TYPE_INT32: ("INT32", np.int32),
-    DataType.TYPE_INT64: ("INT64", np.int64),
-    DataType.TYPE_UINT64: ("UINT64", np.uint64),
-    DataType.TYPE_FP32: ("FP32", np.float32),
-    DataType.TYPE_FP16: ("FP16", np.float16),
-    DataType.TYPE_FP64: ("FP64", np.float64),
-    DataType.TYPE_INT8: ("INT8", np.int8),
-    DataType.TYPE_UINT8: ("UINT8", np.uint8),
-    DataType.TYPE_STRING: ("BYTES", np.object_),
-}
-
-CorrelationId = int | str
-
-
-@dataclass(frozen=True, slots=True)
-class _ControlInput:
-    name: str
-    kind: int
-    datatype: str
-    dtype: Any
-    values: tuple[Any, Any]  # (false, true); unused for CORRID
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    input_name: str
-    output_name: str
-    datatype: str
-    dtype: Any
-    dims: tuple[int, ...]
-    initial: np.ndarray[Any, Any]  # what a sequence starts with: zeros, or the config's initial_state data file
 
 
 @dataclass(slots=True, eq=False)
@@ -120,75 +90,6 @@ class _Sequence:
     state: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
 
 
-def _control_inputs(config: ModelConfig) -> list[_ControlInput]:
-    controls: list[_ControlInput] = []
-    for control_input in config.sequence_batching.control_input:
-        for control in control_input.control:
-            if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
-                datatype, dtype = _TYPES.get(control.data_type, ("UINT64", np.uint64))
-                controls.append(_ControlInput(control_input.name, control.kind, datatype, dtype, (None, None)))
-                continue
-            if control.int32_false_true:
-                pair: tuple[Any, Any] = tuple(control.int32_false_true[:2])
-                datatype, dtype = "INT32", np.int32
-            elif control.fp32_false_true:
-                pair = tuple(control.fp32_false_true[:2])
-                datatype, dtype = "FP32", np.float32
-            else:
-                pair = tuple(control.bool_false_true[:2]) or (False, True)
-                datatype, dtype = "BOOL", np.bool_
-            controls.append(_ControlInput(control_input.name, control.kind, datatype, dtype, pair))
-    return controls
-
-
-def _states(config: ModelConfig, model_dir: Path | None) -> list[_State]:
-    states = []
-    for state in config.sequence_batching.state:
-        datatype, dtype = _TYPES.get(state.data_type, ("FP32", np.float32))
-        dims = tuple(int(d) for d in state.dims)
-        initial = np.zeros(dims, dtype=dtype)
-        for given in state.initial_state:
-            if given.WhichOneof("state_data") == "data_file":
-                initial = _initial_from_file(config.name, state.input_name, model_dir, given.data_file, dtype, dims)
-        states.append(_State(state.input_name, state.output_name, datatype, dtype, dims, initial))
-    return states
-
-
-def check_sequence_config(config: ModelConfig, model_dir: Path) -> None:
-    """What the sequence batcher will need from the model folder (its initial state files) is there and sound."""
-    _states(config, model_dir)
-
-
-def _initial_from_file(
-    model: str, state: str, model_dir: Path | None, name: str, dtype: Any, dims: tuple[int, ...]
-) -> np.ndarray[Any, Any]:
-    """Triton's rule: the file is in the model folder's initial_state/ subfolder, row-major, of the state's type."""
-    if model_dir is None or "/" in name or name in ("", ".", ".."):
-        raise EdgedError(ErrorCode.INVALID_ARG, f"initial state '{name}' of model '{model}' is not a file name")
-    path = model_dir / "initial_state" / name
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise EdgedError(
-            ErrorCode.INVALID_ARG, f"unable to read initial state file '{name}' of model '{model}': {exc.strerror}"
-        ) from None
-    expected = int(np.prod(dims)) * np.dtype(dtype).itemsize
-    if dtype is np.object_ or len(data) != expected:
-        raise EdgedError(
-            ErrorCode.INVALID_ARG,
-            f"initial state file '{name}' of state '{state}' in model '{model}' holds {len(data)} bytes, "
-            f"expected {expected}",
-        )
-    return np.frombuffer(data, dtype=dtype).reshape(dims).copy()
-
-
-def _corrid_number(key: CorrelationId) -> int:
-    """A string id for a numeric CORRID input: a stable 63-bit number derived from it."""
-    if isinstance(key, int):
-        return key
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1
-
-
 class SequenceBatcher:
     def __init__(
         self,
@@ -199,8 +100,11 @@ class SequenceBatcher:
         model_dir: Path | None = None,
     ) -> None:
         batching = config.sequence_batching
-        self._instances = list(instances)
+        # Indices stay put for the batcher's life (a sequence names its instance by index): an instance removed by a
+        # count change becomes None once it is idle and no sequence lives on it.
+        self._instances: list[BackendInstance | None] = list(instances)
         self._busy = [False] * len(self._instances)
+        self._leaving: dict[int, asyncio.Future[None]] = {}
         self._stats = stats
         self._model = config.name
         self._batching = config.max_batch_size > 0
@@ -217,8 +121,8 @@ class SequenceBatcher:
         self._min_utilization = direct.minimum_slot_utilization
         self._timer: asyncio.TimerHandle | None = None
         self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
-        self._controls = _control_inputs(config)
-        self._states = _states(config, model_dir)
+        self._controls = control_inputs(config)
+        self._states = states(config, model_dir)
         self._state_outputs = {state.output_name for state in self._states}
         self._sequences: dict[CorrelationId, _Sequence] = {}
         self._waiting: deque[_Sequence] = deque()  # direct: sequences waiting for a slot
@@ -316,6 +220,44 @@ class SequenceBatcher:
     async def drain(self) -> None:
         await self._idle.wait()
 
+    # --- instance counts changed without a reload ---------------------------------------------------------------
+
+    def add_instances(self, instances: Sequence[BackendInstance]) -> None:
+        """More instances from now on: sequences waiting for a slot take the new slots at once."""
+        for instance in instances:
+            self._instances.append(instance)
+            self._busy.append(False)
+        waiting, self._waiting = self._waiting, deque()
+        for sequence in waiting:
+            self._place(sequence)
+        self._schedule()
+
+    def remove_instances(self, instances: Sequence[BackendInstance]) -> asyncio.Future[None]:
+        """No new sequence goes to these instances; the future resolves once each is idle and the sequences that
+        live on it have ended (they are not cut short)."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for instance in instances:
+            index = next((i for i, known in enumerate(self._instances) if known is instance), None)
+            if index is None:
+                continue
+            self._leaving[index] = loop.create_future()
+            waits.append(self._leaving[index])
+        self._check_left()
+        return asyncio.ensure_future(_all(waits)) if waits else _done(loop)
+
+    def _usable(self, index: int) -> bool:
+        return self._instances[index] is not None and index not in self._leaving
+
+    def _check_left(self) -> None:
+        for index in [i for i in self._leaving if not self._busy[i]]:
+            if any(s.instance == index for s in self._sequences.values()):
+                continue
+            self._instances[index] = None
+            left = self._leaving.pop(index)
+            if not left.done():
+                left.set_result(None)
+
     def _new_key(self) -> int:
         while self._next_key in self._sequences:
             self._next_key += 1
@@ -341,7 +283,8 @@ class SequenceBatcher:
         for other in self._sequences.values():
             if other.instance is not None and other.instance >= 0 and other is not sequence:
                 taken[other.instance].add(other.slot)
-        best = min(range(len(taken)), key=lambda index: len(taken[index])) if taken else None
+        usable = [index for index in range(len(taken)) if self._usable(index)]
+        best = min(usable, key=lambda index: len(taken[index])) if usable else None
         if best is not None and len(taken[best]) < self._slots:
             sequence.instance = best
             sequence.slot = min(set(range(self._slots)) - taken[best])
@@ -371,27 +314,29 @@ class SequenceBatcher:
             self._waiting.remove(sequence)
         freed, slot = sequence.instance, sequence.slot
         sequence.instance, sequence.slot = None, -1
-        if freed is not None and freed >= 0 and self._waiting:
+        if freed is not None and freed >= 0 and self._waiting and self._usable(freed):
             waiting = self._waiting.popleft()
             waiting.instance, waiting.slot = freed, slot
+        if self._leaving:
+            self._check_left()
 
     def _add_controls(self, request: InferRequest, sequence: _Sequence | None, start: bool, end: bool) -> None:
         """The control inputs, for a request of ``sequence``; None: for a null request (not READY, CORRID 0)."""
         shape = (1, 1) if self._batching else (1,)
         for control in self._controls:
-            if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
+            if control.kind == Control.CONTROL_SEQUENCE_CORRID:
                 key = sequence.key if sequence is not None else ""
                 if control.datatype == "BYTES":
                     value: Any = np.array([str(key).encode()], dtype=np.object_)
                 else:
-                    value = np.array([_corrid_number(key) if key else 0], dtype=control.dtype)
+                    value = np.array([corrid_number(key) if key else 0], dtype=control.dtype)
             else:
                 flag = (
                     start
-                    if control.kind == _Control.CONTROL_SEQUENCE_START
+                    if control.kind == Control.CONTROL_SEQUENCE_START
                     else end
-                    if control.kind == _Control.CONTROL_SEQUENCE_END
-                    else control.kind == _Control.CONTROL_SEQUENCE_READY and sequence is not None
+                    if control.kind == Control.CONTROL_SEQUENCE_END
+                    else control.kind == Control.CONTROL_SEQUENCE_READY and sequence is not None
                 )
                 value = np.array([control.values[1] if flag else control.values[0]], dtype=control.dtype)
             request.inputs.append(InferInput(control.name, control.datatype, shape, value.reshape(shape)))
@@ -400,12 +345,14 @@ class SequenceBatcher:
 
     def _schedule(self) -> None:
         for index in range(len(self._instances)):
-            if self._busy[index]:
+            if self._busy[index] or self._instances[index] is None:
                 continue
             runnable = [
                 s
                 for s in self._sequences.values()
-                if s.pending and not s.running and (s.instance == index or (self._oldest and s.instance == -1))
+                if s.pending
+                and not s.running
+                and (s.instance == index or (self._oldest and s.instance == -1 and index not in self._leaving))
             ]
             if not runnable:
                 continue
@@ -465,8 +412,10 @@ class SequenceBatcher:
             batch.sort(key=lambda item: item[0].slot)
         timing = ExecutionTiming()
         started = time.monotonic_ns()
+        instance = self._instances[index]
+        assert instance is not None  # _schedule runs only on instances still there
         results = self._runner.run(
-            self._instances[index],
+            instance,
             requests,
             timing,
             lambda done: self._finish(index, batch, started, timing, self._real(requests, batch, done), len(requests)),
@@ -518,6 +467,8 @@ class SequenceBatcher:
     ) -> None:
         """An execution of ``size`` rows is over; ``results`` are those of the batch's real requests."""
         self._busy[index] = False
+        if self._leaving:
+            self._check_left()
         self._stats.record_execution(size, timing)
         now = time.monotonic_ns()
         for (sequence, pending), outcome in zip(batch, results, strict=True):
@@ -596,3 +547,13 @@ class SequenceBatcher:
         if self._sequences:
             self._arm_reaper()
         self._schedule()
+
+
+def _done(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    done: asyncio.Future[None] = loop.create_future()
+    done.set_result(None)
+    return done
+
+
+async def _all(waits: list[asyncio.Future[None]]) -> None:
+    await asyncio.gather(*waits)
