@@ -291,8 +291,9 @@ class ModelsPart:
         if self._core.service.uploads is not None:
             await self._core.service.uploads.close()
         await self._core.controller.stop()
-        # Waits for the executions the cancelled requests left behind; Python stubs' finalize() runs here.
-        await self._core.manager.unload_all()
+        # Waits for the executions the cancelled requests left behind (within the exit timeout); Python stubs'
+        # finalize() runs here.
+        await self._core.manager.unload_all(self._settings.exit_timeout_secs)
 
 
 class ReadinessPart:

@@ -6,17 +6,20 @@ decoupled, and a cancelled decoupled BLS stream. Texts are Triton 2.51's (checke
 from __future__ import annotations
 
 import queue
+import shutil
+import signal
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import gevent  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import PYTHON_STUB_TIMEOUT_S
-from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, add_sub_inputs
+from conftest import PYTHON_MODELS, PYTHON_STUB_TIMEOUT_S
+from server import ADD_SUB_INPUT0, ADD_SUB_INPUT1, Server, add_sub_inputs, run_server
 from tritonclient.utils import InferenceServerException
 
 
@@ -118,3 +121,23 @@ def test_cancelling_a_decoupled_bls_stream_only_tells_the_callee(
 ) -> None:
     # Triton flags the callee's request as cancelled and delivers whatever the callee still sends.
     assert _probe(python_client, "bls_cancel_stream") == "first,cancelled: True"
+
+
+def test_an_execute_that_never_returns_does_not_keep_the_daemon_from_stopping(tmp_path: Path) -> None:
+    # An execute runs as long as it needs while the daemon serves; on SIGTERM it gets --exit-timeout-secs, then the
+    # model is unloaded without it (its process killed) and the daemon exits.
+    repo = tmp_path / "repo"
+    shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
+    never = tmp_path / "never-created"
+    with run_server([repo], "--exit-timeout-secs=1", "--backend-config", "python,stub-timeout-seconds=2") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        held = client.async_infer("add_sub_python", add_sub_inputs(), parameters={"hold": str(never)})
+        deadline = time.monotonic() + 60
+        while f"add_sub_python holds its instance until {never} exists" not in server.log():
+            assert time.monotonic() < deadline, "the request never began"
+            gevent.sleep(0.05)  # the HTTP client's async requests are greenlets: they go while this one yields
+        server.process.send_signal(signal.SIGTERM)
+        # Far below the model's own two minutes: the daemon does not wait for it.
+        assert server.process.wait(60) == 0
+        assert "unloading the models without waiting for them" in server.log()
+        del held

@@ -552,13 +552,20 @@ class ModelRepositoryManager:
         out.sort(key=lambda item: item.name)
         return out
 
-    async def unload_all(self) -> None:
-        """Stop taking requests, let in-flight ones finish, then release every instance."""
+    async def unload_all(self, drain_timeout_s: float | None = None) -> None:
+        """Stop taking requests, let in-flight ones finish (for at most ``drain_timeout_s``: an execution that never
+        returns must not keep the daemon from stopping), then release every instance."""
         versions = [v for e in self._models.values() for v in e.versions.values()]
         for version in versions:
             if version.state is ModelState.READY:
                 version.state = ModelState.UNLOADING
-        await asyncio.gather(*(v.scheduler.drain() for v in versions if v.scheduler is not None))
+        drains = asyncio.gather(*(v.scheduler.drain() for v in versions if v.scheduler is not None))
+        try:
+            await asyncio.wait_for(drains, drain_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "executions still running after %gs: unloading the models without waiting for them", drain_timeout_s
+            )
         for version in versions:
             if version.backend_model is not None:
                 version.backend_model.unload()
