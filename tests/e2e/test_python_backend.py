@@ -316,7 +316,8 @@ def test_model_management_and_metrics_api(
     parameters = _infer_mode(python_client, "api").get_response()["parameters"]
     assert parameters["add_sub_ready"] is True and parameters["add_sub_v1_ready"] is True
     assert parameters["unknown_ready"] is False
-    assert Path(parameters["model_dir"]).name == "misbehave"
+    # The folder of the model file, as Triton's stub gives it: <model>/<version>.
+    assert Path(parameters["model_dir"]).parts[-2:] == ("misbehave", "1")
     assert parameters["load_error"] == "explicit model load / unload is not allowed if polling is enabled"
     assert parameters["counter"] == 2
     # The metrics endpoint exports the model's family under its own name and labels, summed over every call.

@@ -128,9 +128,19 @@ def test_an_execute_that_never_returns_does_not_keep_the_daemon_from_stopping(tm
     # model is unloaded without it (its process killed) and the daemon exits.
     repo = tmp_path / "repo"
     shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
+    # Beside it, a model whose version folder holds no model.py: refused in Triton's words.
+    shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "no_file")
+    (repo / "no_file" / "1" / "model.py").unlink()
+    config = repo / "no_file" / "config.pbtxt"
+    config.write_text(config.read_text(encoding="utf-8").replace('"add_sub_python"', '"no_file"'), encoding="utf-8")
     never = tmp_path / "never-created"
-    with run_server([repo], "--exit-timeout-secs=1", "--backend-config", "python,stub-timeout-seconds=2") as server:
+    flags = ["--exit-timeout-secs=1", "--strict-readiness=false", "--backend-config", "python,stub-timeout-seconds=2"]
+    with run_server([repo], *flags) as server:
         client = httpclient.InferenceServerClient(server.http_url)
+        (missing,) = [e for e in client.get_model_repository_index() if e["name"] == "no_file"]
+        assert missing["reason"].endswith(
+            "Failed to preinitialize Python stub: Python model file not found in 'no_file/1/model.py'"
+        )
         held = client.async_infer("add_sub_python", add_sub_inputs(), parameters={"hold": str(never)})
         deadline = time.monotonic() + 60
         while f"add_sub_python holds its instance until {never} exists" not in server.log():

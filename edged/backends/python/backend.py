@@ -159,10 +159,11 @@ class PythonBackend:
         check_name("model name", context.model_name)
         check_name("model file name", context.model_file.name)
         if not context.model_file.is_file():
+            # Triton's words, with the path within the repository (the reason reaches clients).
             raise EdgedError(
                 ErrorCode.UNAVAILABLE,
-                f"unable to find '{context.model_file.name}' for version {context.version} of model "
-                f"'{context.model_name}'",
+                "Failed to preinitialize Python stub: Python model file not found in "
+                f"'{context.model_name}/{context.version}/{context.model_file.name}'",
             )
         settings = self.settings
         parameters = {key: value.string_value for key, value in config.parameters.items()}
@@ -292,7 +293,9 @@ _METRIC_KINDS: dict[int, Literal["counter", "gauge", "histogram"]] = {0: "counte
 def _paths(context: LoadContext) -> dict[str, Any]:
     return {
         "model_file": str(context.model_file),
-        "model_dir": str(context.model_dir),
+        # pb_utils.get_model_dir(): the folder of the model file Triton names, <model>/<version>, even for a
+        # Python-based backend whose model.py lives elsewhere.
+        "model_dir": str(context.version_dir),
         # Triton appends the version folder, then the model folder, to sys.path.
         "paths": [str(context.version_dir), str(context.model_dir)],
     }
