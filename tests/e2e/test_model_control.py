@@ -781,3 +781,26 @@ def test_a_failed_load_is_retried_as_often_as_asked(tmp_path: Path) -> None:
         tensor.set_data_from_numpy(data)
         np.testing.assert_array_equal(client.infer("retried", [tensor]).as_numpy("OUT"), data)
         assert "loading 'retried' version 1 again (retry 1 of 1)" in server.log()
+
+
+def test_a_model_in_two_repositories_is_refused_and_what_serves_goes_on(tmp_path: Path) -> None:
+    """As Triton: a name two repositories hold cannot load (Triton's words), and a version already serving under
+    that name keeps serving."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    _add_sub(first, "twice")
+    _add_sub(first, "both")
+    _add_sub(second, "both")
+    second.mkdir(exist_ok=True)
+    with run_server(
+        [first, second], "--model-control-mode=explicit", "--load-model=*", "--strict-readiness=false"
+    ) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert _index(client)[("both", "")]["reason"] == "model appears in two or more repositories"
+        assert client.is_model_ready("twice")
+        shutil.copytree(first / "twice", second / "twice")
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("twice")
+        assert refused.value.message() == "failed to load 'twice': model appears in two or more repositories"
+        assert client.is_model_ready("twice")
+        result = client.infer("twice", add_sub_inputs())
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1)

@@ -414,9 +414,15 @@ class ModelController:
         """Where the model loads from: its private copy, or its folder in the one repository that has it."""
         scan = await self._scan()
         if name in scan.duplicates:
-            reason = f"model '{name}' exists in more than one model repository"
-            self._manager.put_entry(ModelEntry(scan.models[name], ModelState.UNAVAILABLE, reason))
-            self._transition(name, None, ModelState.UNAVAILABLE.value, origin, reason)
+            reason = "model appears in two or more repositories"  # Triton's words
+            if self._serves(name):
+                # As Triton: the load fails, and the versions serving go on serving.
+                self._transition(
+                    name, None, ModelState.UNAVAILABLE.value, origin, f"{reason} (the loaded versions keep serving)"
+                )
+            else:
+                self._manager.put_entry(ModelEntry(scan.models[name], ModelState.UNAVAILABLE, reason))
+                self._transition(name, None, ModelState.UNAVAILABLE.value, origin, reason)
             raise EdgedError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
         source = ModelSource(name, private, private.parent) if private is not None else scan.models.get(name)
         if source is None:

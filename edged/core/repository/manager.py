@@ -204,7 +204,7 @@ class ModelRepositoryManager:
             self._models[name] = entry
             if name in scan.duplicates:
                 entry.state = ModelState.UNAVAILABLE
-                entry.reason = f"model '{name}' exists in more than one model repository"
+                entry.reason = "model appears in two or more repositories"  # Triton's words
         pending = [e for e in self._models.values() if e.state is ModelState.LOADING]
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(max(1, self._options.load_thread_count), thread_name_prefix="edged-load") as pool:
@@ -588,7 +588,7 @@ def check_repositories(repositories: list[Path], backends: Backends, *, auto_com
     except EdgedError as exc:
         return [exc.message]
     for name in sorted(scan.duplicates):
-        problems.append(f"{name}: model '{name}' exists in more than one model repository")
+        problems.append(f"{name}: model appears in two or more repositories")
     with ThreadPoolExecutor(1) as executor:
         options = ManagerOptions(repositories, auto_complete=auto_complete, devices=DeviceInventory.discover())
         manager = ModelRepositoryManager(options, executor, backends)

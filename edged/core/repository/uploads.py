@@ -317,7 +317,7 @@ class ModelUploads:
         """The model's folder if it exists, and the repository it is (or a new model goes) in."""
         scan = self._manager.scan()
         if name in scan.duplicates:
-            raise conflict(f"model '{name}' exists in more than one model repository: it cannot be uploaded to")
+            raise conflict(f"model '{name}' cannot be uploaded to: the model appears in two or more repositories")
         existing = scan.models.get(name)
         if existing is not None:
             if existing.repository in self._options.synced:
