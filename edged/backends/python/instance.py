@@ -76,6 +76,9 @@ class PythonInstance:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._healthy = False
         self._stopping = False
+        # Stopping: whether the loop let go of the stub's socket in time (else its reader hands over finalize_done).
+        self._detached = True
+        self._finalized = threading.Event()
         self._restart: asyncio.Task[None] | None = None
         # Stub processes that died while serving: a model on probation after an update is judged by it.
         self.crashes = 0
@@ -310,6 +313,8 @@ class PythonInstance:
             self._state.record_metric(self._name, message)
         elif kind == "is_ready_done":
             self._user_ready = bool(message.get("ready"))
+        elif kind == "finalize_done" and self._stopping:
+            self._finalized.set()  # the loop still read the socket when finalize went: end_stop waits on this
         else:
             raise ValueError(f"unexpected message '{kind}'")
 
@@ -506,7 +511,7 @@ class PythonInstance:
         stub = self._stub
         if stub is None:
             return
-        self._on_loop(stub.detach)
+        self._detached = self._on_loop(stub.detach)
         self._fail_in_flight(EdgedError(ErrorCode.UNAVAILABLE, f"model instance '{self._name}' is unloading"))
         if stub.gone or stub.process.poll() is not None:
             return
@@ -519,6 +524,20 @@ class PythonInstance:
         if stub is None:
             return
         deadline = time.monotonic() + self._state.settings_timeout_s
+        if not self._detached:
+            # The loop's reader gets the answer; reading the socket here too would split its messages.
+            while not self._finalized.wait(0.05) and stub.process.poll() is None and time.monotonic() < deadline:
+                pass
+            if not self._finalized.is_set() and stub.process.poll() is None:
+                stub.kill()
+                log.error(
+                    "model instance '%s' did not finalize within %g s and was killed",
+                    self._name,
+                    self._state.settings_timeout_s,
+                )
+            self._on_loop(stub.detach)
+            stub.close(wait=self._state.settings_timeout_s)
+            return
         try:
             # Until its answer or its end: what it sent before exiting is still in the socket.
             while True:
@@ -537,17 +556,18 @@ class PythonInstance:
             pass
         stub.close(wait=self._state.settings_timeout_s)
 
-    def _on_loop(self, function: Any) -> None:
+    def _on_loop(self, function: Any) -> bool:
+        """Run ``function`` on the event loop and wait for it (5 s at most): whether it ran."""
         loop = self._loop
         if loop is None:
-            return
+            return True
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop:
             function()
-            return
+            return True
         done = threading.Event()
 
         def run() -> None:
@@ -557,7 +577,7 @@ class PythonInstance:
                 done.set()
 
         loop.call_soon_threadsafe(run)
-        done.wait(5.0)
+        return done.wait(5.0)
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
