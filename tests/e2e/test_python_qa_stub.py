@@ -151,3 +151,35 @@ def test_an_execute_that_never_returns_does_not_keep_the_daemon_from_stopping(tm
         assert server.process.wait(60) == 0
         assert "unloading the models without waiting for them" in server.log()
         del held
+
+
+BLS_IN_INITIALIZE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.InferenceRequest(model_name="add_sub_python", inputs=[], requested_output_names=[]).exec()
+
+    def execute(self, requests):
+        return None
+"""
+
+
+def test_bls_outside_execute_is_refused(tmp_path: Path) -> None:
+    # Triton's rule: BLS only while execute runs, never from initialize (nor finalize).
+    repo = tmp_path / "repo"
+    shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
+    (repo / "early" / "1").mkdir(parents=True)
+    (repo / "early" / "1" / "model.py").write_text(BLS_IN_INITIALIZE, encoding="utf-8")
+    (repo / "early" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+        encoding="utf-8",
+    )
+    with run_server([repo], "--strict-readiness=false") as server:
+        index = httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
+    (early,) = [e for e in index if e["name"] == "early"]
+    assert early["state"] == "UNAVAILABLE"
+    assert "BLS is only supported during the 'execute' function." in early["reason"]

@@ -105,6 +105,8 @@ class Runtime:
         self._sent = threading.Condition(self._lock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.model_dir = ""
+        # Between a successful initialize and finalize: BLS is refused outside (Triton's rule).
+        self.serving = False
         self.decoupled = False
         self.model: Any = None
         self.model_name = self.instance_name = ""
@@ -444,6 +446,7 @@ class Runtime:
             return False
 
     def _finalize(self) -> None:
+        self.serving = False
         finalize = getattr(self.model, "finalize", None)
         if finalize is None:
             return
@@ -488,6 +491,8 @@ class Runtime:
                 self._cancelled.discard(request._rid)
 
     def bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        if not self.serving:
+            raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
         call = next(self._call_ids)
         tensors = ipc.TensorWriter()
         inputs = []
@@ -647,6 +652,7 @@ def initialize(runtime: Runtime, message: dict[str, Any]) -> bool:
         message_text, frames = describe(exc)
         runtime.send({"t": "init_done", "ok": False, "error": message_text, "trace": frames})
         return False
+    runtime.serving = True
     has_is_ready = hasattr(runtime.model, "is_ready")
     ready = runtime._is_ready() if has_is_ready else True
     runtime.send({"t": "init_done", "ok": True, "has_is_ready": has_is_ready, "ready": ready})
