@@ -8,13 +8,16 @@ are lower case (as every HTTP/2 and ASGI header name is), over gRPC the metadata
 
 Names edged reads as fields of the request rather than as the model's parameters (the sequence flags, priority,
 timeout, the reply's binary form, Triton's reserved ``triton_`` keys) are never forwarded: a header must not start
-a sequence or change how a reply is sent.
+a sequence or change how a reply is sent. As in Triton, a request with such a header that the pattern finds is
+refused (INVALID_ARG) rather than served without it.
 """
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Final
+
+from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
 
 _CASE_SENSITIVE: Final = "(?-i)"
 _NOT_FORWARDED: Final = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output"}
 )
 
 
@@ -44,7 +47,12 @@ def forward_pattern(text: str | None) -> re.Pattern[str] | None:
 def forward_headers(
     pattern: re.Pattern[str], headers: Iterable[tuple[str, str]], parameters: dict[str, ParameterValue]
 ) -> None:
-    """Add each header ``pattern`` finds to ``parameters``, as a string."""
+    """Add each header ``pattern`` finds to ``parameters``, as a string; INVALID_ARG for a reserved name."""
     for name, value in headers:
-        if pattern.search(name) and name not in _NOT_FORWARDED and not name.startswith("triton_"):
-            parameters[name] = value
+        if not pattern.search(name):
+            continue
+        if name in _NOT_FORWARDED or name.startswith("triton_"):
+            raise EdgedError(
+                ErrorCode.INVALID_ARG, f"Header '{name}' is reserved for Triton usage and cannot be forwarded."
+            )
+        parameters[name] = value

@@ -622,11 +622,15 @@ def test_too_few_inputs_for_a_model_with_an_optional_one(ensemble_server: Server
 def test_headers_the_pattern_finds_reach_the_model_as_parameters(ensemble_server: Server) -> None:
     """--http-header-forward-pattern: each header it finds (any case) is a string parameter of the request, after
     the request's own (so it wins over one of the same name), and reaches the ensemble's steps as they do. A name
-    edged reads as a field of the request (sequence_id) is never forwarded."""
+    edged reads as a field of the request (sequence_id) is never forwarded: as in Triton, the request is refused."""
     client = httpclient.InferenceServerClient(ensemble_server.http_url)
-    headers = {"my_header_1": "from a header", "My_Header_2": "2", "other": "x", "sequence_id": "7"}
+    headers = {"my_header_1": "from a header", "My_Header_2": "2", "other": "x"}
     result = client.infer("optional_two", [_floats("A", [1.0])], headers=headers, parameters={"my_header_1": 1})
     assert json.loads(result.as_numpy("PARAMS")[0]) == {"my_header_1": "from a header", "my_header_2": "2"}
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("optional_two", [_floats("A", [1.0])], headers={**headers, "sequence_id": "7"})
+    assert refused.value.status() == "400"
+    assert refused.value.message() == "Header 'sequence_id' is reserved for Triton usage and cannot be forwarded."
     grpc = grpcclient.InferenceServerClient(ensemble_server.grpc_url)
     tensor = grpcclient.InferInput("A", [1], "FP32")
     tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from edged.errors import EdgedError
 from edged.frontends.forwarding import forward_headers, header_pattern
 
 if TYPE_CHECKING:
@@ -27,9 +28,24 @@ def test_a_leading_case_flag_makes_it_case_sensitive() -> None:
     assert _forwarded("(?-i)MY_HEADER", "MY_HEADER_1") == {"MY_HEADER_1": "v"}
 
 
-def test_request_fields_are_never_forwarded() -> None:
-    names = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "triton_x", "binary_data_output")
-    assert _forwarded(".*", *names) == {}
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "headers",
+        "triton_x",
+        "binary_data_output",
+    ],
+)
+def test_request_fields_are_never_forwarded(name: str) -> None:
+    # As Triton: a reserved name the pattern finds refuses the request.
+    with pytest.raises(EdgedError, match=f"^Header '{name}' is reserved for Triton usage and cannot be forwarded.$"):
+        _forwarded(".*", "my_header", name)
+    assert _forwarded("my_", "my_header", name) == {"my_header": "v"}
 
 
 def test_a_broken_pattern_is_refused_in_words() -> None:

@@ -367,7 +367,11 @@ class InferenceServicer:
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Call) -> AsyncIterator[Any]:
         abort_on_error = _grpc_error_mode(context)
-        forwarded = self._forwarded(context)
+        forwarded: dict[str, ParameterValue] | EdgedError | None
+        try:
+            forwarded = self._forwarded(context)
+        except EdgedError as refused:
+            forwarded = refused  # a header that may not be forwarded: each request of the stream is refused
         replies = StreamReplies(self._max_queued, self._response_pool, MAX_IN_FLIGHT_PER_STREAM)
         reader = asyncio.create_task(self._read_stream(requests, replies, forwarded))
         self._readers.add(reader)
@@ -389,7 +393,10 @@ class InferenceServicer:
             replies.cancel()
 
     async def _read_stream(
-        self, requests: AsyncIterator[Any], replies: StreamReplies, forwarded: dict[str, ParameterValue] | None
+        self,
+        requests: AsyncIterator[Any],
+        replies: StreamReplies,
+        forwarded: dict[str, ParameterValue] | EdgedError | None,
     ) -> None:
         try:
             async for request in requests:
@@ -403,7 +410,12 @@ class InferenceServicer:
         replies.reading_done()
 
     async def _stream_one(
-        self, request: Any, replies: StreamReplies, turn: Turn, *, forwarded: dict[str, ParameterValue] | None
+        self,
+        request: Any,
+        replies: StreamReplies,
+        turn: Turn,
+        *,
+        forwarded: dict[str, ParameterValue] | EdgedError | None,
     ) -> None:
         error: EdgedError | None = None
         try:
@@ -418,9 +430,16 @@ class InferenceServicer:
             replies.put(encode_stream_error(request, error), error)
 
     async def _stream_replies(
-        self, request: Any, replies: StreamReplies, turn: Turn, forwarded: dict[str, ParameterValue] | None
+        self,
+        request: Any,
+        replies: StreamReplies,
+        turn: Turn,
+        forwarded: dict[str, ParameterValue] | EdgedError | None,
     ) -> None:
         service = self._service
+        if isinstance(forwarded, EdgedError):
+            service.refused(None)
+            raise forwarded
         try:
             version = parse_version(request.model_version)
             model = service.find_model(request.model_name, version)
