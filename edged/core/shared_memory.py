@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -287,9 +287,17 @@ class SharedMemoryManager:
             raise EdgedError(ErrorCode.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
         if offset < 0 or offset >= region.byte_size:
             raise _invalid(f"Invalid offset for shared memory region: '{name}'")
+        if size > _SIZE_MAX - offset:  # Triton's check for a sum its size_t cannot hold, in its words
+            raise _invalid(
+                f"Integer overflow detected: byte_size ({size}) + offset ({offset}) exceeds maximum value "
+                f"({_SIZE_MAX}) for region '{name}'"
+            )
         if size < 0 or offset + size > region.byte_size:
             raise _invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region, region.offset + offset, size
+
+
+_SIZE_MAX: Final = 2**64 - 1
 
 
 def _check_key(name: str, key: str) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from edged.errors import invalid_arg
 
+# The most elements one output may have to be classified (sorted): Triton's bound.
+MAX_CLASSIFIED_ELEMENTS: Final = 1_000_000
 _CLASSIFIABLE = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"})
 
 
@@ -18,6 +20,8 @@ def classify(
     """Top-``k`` classes of each batch item (or of the whole tensor without batching), as a BYTES array."""
     if datatype not in _CLASSIFIABLE:
         raise invalid_arg(f"class result not available for output due to unsupported type '{datatype}'")
+    if array.size > MAX_CLASSIFIED_ELEMENTS:  # Triton's bound on the sort a client can ask for
+        raise invalid_arg("classification output tensor too large")
     if batching and array.ndim > 0:
         rows = array.reshape(array.shape[0], math.prod(array.shape[1:]))
     else:

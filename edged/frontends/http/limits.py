@@ -214,7 +214,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # queued behind one still unanswered is refused once its turn comes (a refusal now would overtake that
         # answer); until then reading is paused, so what it sends meanwhile is one read's worth at most.
         if self._chunks > self.limits.max_chunks + 1 and not self._refused and not self.pipeline:
-            self._refuse(400, f"request body sent in more than {self.limits.max_chunks} chunks", linger=True)
+            self._refuse(
+                400,
+                # Triton's words (and, as in Triton, empty chunks are not counted)
+                f"Chunked request body exceeds maximum of {self.limits.max_chunks} non-empty chunks. Send fewer or "
+                "larger HTTP chunks.",
+                linger=True,
+            )
 
     def on_message_complete(self) -> None:
         if self._refused:
