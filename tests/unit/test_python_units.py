@@ -311,3 +311,13 @@ def test_metrics_follow_tritons_rules() -> None:
         r"deleted\.$",
     ):
         orphan.set(3)
+
+
+def test_a_bls_response_iterator_can_be_read_again() -> None:
+    # As Triton's: the responses are kept, and a second loop over the iterator starts from the first one.
+    iterator = pb_utils.ResponseIterator(1)
+    for n in range(3):
+        iterator._put(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([n], dtype=np.int32))]), n == 2)
+    first = [int(r.output_tensors()[0].as_numpy()[0]) for r in iterator]
+    assert first == [0, 1, 2]
+    assert [int(r.output_tensors()[0].as_numpy()[0]) for r in iterator] == first

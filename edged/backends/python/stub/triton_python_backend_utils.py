@@ -694,7 +694,8 @@ class InferenceResponseSender:
 
 
 class ResponseIterator:
-    """The responses of a decoupled BLS call, in order; the last one (possibly empty) ends the iteration."""
+    """The responses of a decoupled BLS call, in order; the last one (possibly empty) ends the iteration. As in
+    Triton, the responses are kept: iterating again starts from the first one."""
 
     _END = object()
 
@@ -702,6 +703,8 @@ class ResponseIterator:
         self._call = call
         self._items: Any = __import__("queue").SimpleQueue()
         self._done = False
+        self._seen: list[InferenceResponse] = []
+        self._index = 0
 
     def _put(self, response: InferenceResponse, final: bool) -> None:
         self._items.put(response)
@@ -709,9 +712,13 @@ class ResponseIterator:
             self._items.put(self._END)
 
     def __iter__(self) -> Iterator[InferenceResponse]:
+        self._index = 0
         return self
 
     def __next__(self) -> InferenceResponse:
+        if self._index < len(self._seen):
+            self._index += 1
+            return self._seen[self._index - 1]
         if self._done:
             raise StopIteration
         item = self._items.get()
@@ -719,6 +726,8 @@ class ResponseIterator:
             self._done = True
             raise StopIteration
         response: InferenceResponse = item
+        self._seen.append(response)
+        self._index += 1
         return response
 
     def cancel(self) -> None:
