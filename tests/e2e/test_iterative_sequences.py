@@ -73,7 +73,9 @@ class TritonPythonModel:
                 sender = request.get_response_sender()
                 sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0)
             else:
-                answers.append(response if done else None)
+                # answer_every_time: the mistake of returning a response for a request released to run again.
+                wrong = json.loads(request.parameters()).get("answer_every_time", False)
+                answers.append(response if done or wrong else None)
         return None if self.decoupled else answers
 """
 CONFIG: Final = """
@@ -245,6 +247,19 @@ def test_a_model_that_is_not_decoupled_answers_once_at_the_end(iterative_server:
     assert int(after["execution_count"]) - int(before.get("execution_count", 0)) == 4
     success = after["inference_stats"]["success"]
     assert int(success["count"]) - int(before["inference_stats"]["success"].get("count", 0)) == 1
+
+
+def test_a_response_returned_for_a_request_run_again_is_an_error(iterative_server: Server) -> None:
+    # Triton's rule (and its words): a request released to run again must be answered None this time; a response
+    # is refused, and the request is not run again.
+    client = httpclient.InferenceServerClient(iterative_server.http_url)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("countdown_plain", [_tensor(httpclient, 3)], parameters={"answer_every_time": True})
+    assert (
+        "Expected a None object in the execute function return list for reschduled request, found type"
+        in refused.value.message()
+    )
+    assert client.infer("countdown_plain", [_tensor(httpclient, 2)]).as_numpy("LEFT")[0, 0] == 0
 
 
 def test_sequence_ids_and_flags_given_by_the_client(iterative_server: Server) -> None:

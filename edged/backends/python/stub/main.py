@@ -375,7 +375,13 @@ class Runtime:
         messages: list[ipc.ResponseMsg] = []
         for returned, request in zip(result, requests, strict=True):
             if _runs_again(request):
-                messages.append({})  # runs again: its answer (None, as Triton asks) comes from a later execute
+                if returned is not None:  # Triton's rule (and its words): the request is then not run again
+                    request._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+                    raise pb_utils.TritonModelException(
+                        "Expected a None object in the execute function return list for reschduled request, found "
+                        f"type '{type(returned)}'."
+                    )
+                messages.append({})  # runs again: its answer comes from a later execute
                 continue
             # A response already sent through the sender is the answer; Triton ignores one returned as well.
             response = request._sent_response or returned
