@@ -183,3 +183,34 @@ def test_bls_outside_execute_is_refused(tmp_path: Path) -> None:
     (early,) = [e for e in index if e["name"] == "early"]
     assert early["state"] == "UNAVAILABLE"
     assert "BLS is only supported during the 'execute' function." in early["reason"]
+
+
+ASKS_IN_INITIALIZE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        ready = pb_utils.is_model_ready("add_sub_python")
+        pb_utils.Logger.log_info(f"asks sees add_sub_python ready: {ready}")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "IN")]) for r in requests]
+"""
+
+
+def test_model_management_from_initialize_is_answered(tmp_path: Path) -> None:
+    # As Triton: initialize may ask about (and load or unload) other models; the load goes on once it is answered.
+    repo = tmp_path / "repo"
+    shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
+    (repo / "asks" / "1").mkdir(parents=True)
+    (repo / "asks" / "1" / "model.py").write_text(ASKS_IN_INITIALIZE, encoding="utf-8")
+    (repo / "asks" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+        encoding="utf-8",
+    )
+    with run_server([repo]) as server:
+        assert httpclient.InferenceServerClient(server.http_url).is_model_ready("asks")
+        assert "asks sees add_sub_python ready: " in server.log()

@@ -151,6 +151,9 @@ class PythonInstance:
                 # initialize may log, and create its metric families (most models do it there).
                 if reply["t"] == "metric":
                     self._state.record_metric(self._name, reply)
+                elif reply["t"] == "call" and self.host_loop is not None:
+                    # Model management from initialize (is_model_ready, load_model...), as Triton allows it.
+                    self.host_loop.call_soon_threadsafe(self._calls.on_call, reply, None)
                 else:
                     stub_log(self._name, reply)
                 reply = stub.receive_blocking(None)
@@ -530,11 +533,7 @@ class PythonInstance:
                 pass
             if not self._finalized.is_set() and stub.process.poll() is None:
                 stub.kill()
-                log.error(
-                    "model instance '%s' did not finalize within %g s and was killed",
-                    self._name,
-                    self._state.settings_timeout_s,
-                )
+                log.error("model instance '%s' did not finalize in time and was killed", self._name)
             self._on_loop(stub.detach)
             stub.close(wait=self._state.settings_timeout_s)
             return
