@@ -214,3 +214,30 @@ def test_model_management_from_initialize_is_answered(tmp_path: Path) -> None:
     with run_server([repo]) as server:
         assert httpclient.InferenceServerClient(server.http_url).is_model_ready("asks")
         assert "asks sees add_sub_python ready: " in server.log()
+
+
+def test_a_model_imports_the_files_beside_it_relatively(tmp_path: Path) -> None:
+    # As Triton imports it (the module 1.model of the package its version folder is): `from .helpers import ...`.
+    repo = tmp_path / "repo"
+    (repo / "relative" / "1").mkdir(parents=True)
+    (repo / "relative" / "1" / "helpers.py").write_text("FACTOR = 3.0\n", encoding="utf-8")
+    (repo / "relative" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n"
+        "from .helpers import FACTOR\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', "
+        "pb_utils.get_input_tensor_by_name(r, 'IN').as_numpy() * FACTOR)]) for r in requests]\n",
+        encoding="utf-8",
+    )
+    (repo / "relative" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+        encoding="utf-8",
+    )
+    with run_server([repo]) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("IN", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([2.0], dtype=np.float32))
+        assert client.infer("relative", [tensor]).as_numpy("OUT").tolist() == [6.0]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -594,16 +595,26 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def load_model_module(model_file: str, paths: list[str]) -> ModuleType:
-    """Import model.py as the module ``model``, with its version and model folders on the import path (appended,
-    as Triton appends them)."""
+    """Import model.py with its version and model folders on the import path (appended, as Triton appends them).
+    As in Triton, a model in a version folder is the module ``<version>.model`` of the package its version folder
+    is, so that its relative imports (``from .helpers import ...``) find the files beside it; a Python-based
+    backend's model.py is the module ``model``."""
     for path in paths:
         if path not in sys.path:
             sys.path.append(path)
-    spec = importlib.util.spec_from_file_location("model", model_file)
+    folder, stem = os.path.dirname(model_file), os.path.splitext(os.path.basename(model_file))[0]
+    version = os.path.basename(folder)
+    name = stem
+    if version.isdigit():
+        package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec(version, None, is_package=True))
+        package.__path__ = [folder]
+        sys.modules.setdefault(version, package)
+        name = f"{version}.{stem}"
+    spec = importlib.util.spec_from_file_location(name, model_file)
     if spec is None or spec.loader is None:
         raise ImportError(f"unable to load '{os.path.basename(model_file)}'")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["model"] = module
+    sys.modules[name] = sys.modules["model"] = module
     spec.loader.exec_module(module)
     return module
 
