@@ -68,6 +68,8 @@ class ModelController:
         self._load_pool = ThreadPoolExecutor(max(1, options.load_thread_count), thread_name_prefix="edged-load")
         self._locks: dict[str, asyncio.Lock] = {}
         self._retirements = Retirements(self._load_pool, self._transition)
+        # Models loaded only because an ensemble needed them (never by name): unload_dependents takes them along.
+        self._implicit: set[str] = set()
         self._watch = FolderWatch()
         self._poller: asyncio.Task[None] | None = None
         # --load-model names no repository holds (explicit mode), for --exit-on-error.
@@ -151,6 +153,7 @@ class ModelController:
                 f"failed to load '{printable(name)}', failed to poll from model repository: "
                 f"the name cannot be a model name ({problem})",
             )
+        self._implicit.discard(name)
         private = None
         try:
             if config_json is not None or files:
@@ -168,9 +171,9 @@ class ModelController:
     async def unload(self, name: str, *, origin: Origin = Origin.API, unload_dependents: bool = False) -> None:
         """Unload every version of a model; answers once they are unloaded, or after the unload timeout while
         requests still finish (they are never interrupted). An unknown model is not an error, as in Triton; a name
-        that can never be a model's is (INVALID_ARG). With ``unload_dependents``, as Triton: the ensembles that use the
-        model (directly or through other ensembles) are unloaded too; without it they stay loaded, unavailable
-        while the model is."""
+        that can never be a model's is (INVALID_ARG). With ``unload_dependents``, as Triton: the models an ensemble
+        loaded for itself (never loaded by name) are unloaded with it once no other loaded ensemble uses them. The
+        ensembles that use an unloaded model stay loaded, unavailable while it is."""
         if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
         problem = model_name_problem(name)
@@ -197,10 +200,13 @@ class ModelController:
                     name,
                     self._options.unload_timeout_s,
                 )
-        if unload_dependents:
-            for dependent in self._manager.dependents(name):
-                log.info("unloading ensemble '%s', which uses model '%s'", dependent, name)
-                await self.unload(dependent, origin=origin, unload_dependents=True)
+        self._implicit.discard(name)
+        if unload_dependents and entry is not None and entry.config is not None:
+            # As Triton: the models an ensemble loaded for itself go with it, when no other loaded ensemble uses them.
+            for member in dict.fromkeys(step.model_name for step in entry.config.ensemble_scheduling.step):
+                if member in self._implicit and not self._manager.dependents(member):
+                    log.info("unloading model '%s', which ensemble '%s' loaded", member, name)
+                    await self.unload(member, origin=origin, unload_dependents=True)
         await self._records.written()
 
     async def note(self, name: str, version: int | None, state: str, reason: str, origin: Origin) -> None:
@@ -337,6 +343,8 @@ class ModelController:
             if entry is not None and entry.state is ModelState.READY:
                 continue
             log.info("loading model '%s', which ensemble '%s' uses", member, name)
+            if entry is None or not entry.wanted or entry.state is not ModelState.READY:
+                self._implicit.add(member)
             try:
                 explicit = self._options.mode is ControlMode.EXPLICIT
                 await self._load(member, origin, desired=explicit, loading=loading)
