@@ -554,7 +554,7 @@ def _check_offline(repositories: list[Path], *, auto_complete: bool = True) -> l
     import logging
 
     from edged.backends import BackendRegistry
-    from edged.core.repository.manager import check_repositories
+    from edged.core.repository.check import check_repositories
 
     # The problems are the output; the loaders' own log lines would only repeat them.
     previous = logging.root.manager.disable

@@ -1,6 +1,7 @@
 """The one table of ``edged serve``'s settings (``OPTIONS``): each option's name, type, default, limits and help.
 The flags, the config file's keys, the ``EDGED_*`` variables, ``edged config`` and the packaged ``edged.toml`` are
-all derived from it (edged.config), so a setting is added here and nowhere else."""
+all derived from it (edged.config), so a setting is added here and nowhere else. It is one table, however long it
+grows: split in parts, a setting's flag, key and help would no longer be found in the one place they are declared."""
 
 from __future__ import annotations
 

@@ -153,6 +153,18 @@ def test_an_execute_that_never_returns_does_not_keep_the_daemon_from_stopping(tm
         del held
 
 
+def _python_model(repo: Path, name: str, code: str, *, output: str = "OUT") -> None:
+    """A Python model of one FP32 input IN and one output, without batching."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(code, encoding="utf-8")
+    (repo / name / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        f'output [ {{ name: "{output}" data_type: TYPE_FP32 dims: [ 1 ] }} ]\n',
+        encoding="utf-8",
+    )
+
+
 BLS_IN_INITIALIZE = """
 import triton_python_backend_utils as pb_utils
 
@@ -170,14 +182,7 @@ def test_bls_outside_execute_is_refused(tmp_path: Path) -> None:
     # Triton's rule: BLS only while execute runs, never from initialize (nor finalize).
     repo = tmp_path / "repo"
     shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
-    (repo / "early" / "1").mkdir(parents=True)
-    (repo / "early" / "1" / "model.py").write_text(BLS_IN_INITIALIZE, encoding="utf-8")
-    (repo / "early" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
-        encoding="utf-8",
-    )
+    _python_model(repo, "early", BLS_IN_INITIALIZE)
     with run_server([repo], "--strict-readiness=false") as server:
         index = httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
     (early,) = [e for e in index if e["name"] == "early"]
@@ -203,14 +208,7 @@ def test_model_management_from_initialize_is_answered(tmp_path: Path) -> None:
     # As Triton: initialize may ask about (and load or unload) other models; the load goes on once it is answered.
     repo = tmp_path / "repo"
     shutil.copytree(PYTHON_MODELS / "add_sub_python", repo / "add_sub_python")
-    (repo / "asks" / "1").mkdir(parents=True)
-    (repo / "asks" / "1" / "model.py").write_text(ASKS_IN_INITIALIZE, encoding="utf-8")
-    (repo / "asks" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
-        encoding="utf-8",
-    )
+    _python_model(repo, "asks", ASKS_IN_INITIALIZE, output="IN")
     with run_server([repo]) as server:
         assert httpclient.InferenceServerClient(server.http_url).is_model_ready("asks")
         assert "asks sees add_sub_python ready: " in server.log()
@@ -219,23 +217,17 @@ def test_model_management_from_initialize_is_answered(tmp_path: Path) -> None:
 def test_a_model_imports_the_files_beside_it_relatively(tmp_path: Path) -> None:
     # As Triton imports it (the module 1.model of the package its version folder is): `from .helpers import ...`.
     repo = tmp_path / "repo"
-    (repo / "relative" / "1").mkdir(parents=True)
-    (repo / "relative" / "1" / "helpers.py").write_text("FACTOR = 3.0\n", encoding="utf-8")
-    (repo / "relative" / "1" / "model.py").write_text(
+    _python_model(
+        repo,
+        "relative",
         "import triton_python_backend_utils as pb_utils\n"
         "from .helpers import FACTOR\n\n\n"
         "class TritonPythonModel:\n"
         "    def execute(self, requests):\n"
         "        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', "
         "pb_utils.get_input_tensor_by_name(r, 'IN').as_numpy() * FACTOR)]) for r in requests]\n",
-        encoding="utf-8",
     )
-    (repo / "relative" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
-        encoding="utf-8",
-    )
+    (repo / "relative" / "1" / "helpers.py").write_text("FACTOR = 3.0\n", encoding="utf-8")
     with run_server([repo]) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         tensor = httpclient.InferInput("IN", [1], "FP32")
