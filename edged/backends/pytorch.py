@@ -20,6 +20,7 @@ that needs it. A run releases the GIL in PyTorch's operators.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from edged.core.request.inference import InferRequest, InferResponse
     from edged.core.stats import ExecutionTiming
     from edged.proto.model_config_pb2 import ModelConfig
+
+log = logging.getLogger(__name__)
 
 _INDEXED: Final = re.compile(r"^.+__(\d+)$")
 _IGNORED: Final = frozenset(
@@ -166,20 +169,29 @@ class PyTorchInstance:
 
 
 def _argument_order(config: ModelConfig, module: Any) -> list[str]:
-    """The config's input names, with the sequence batcher's control inputs, in the order forward takes them."""
+    """The config's input names, with the sequence batcher's control inputs, in the order forward takes them, as
+    Triton's PyTorch backend orders them: by forward's argument names when every input is one, else by the
+    ``<name>__<index>`` convention when every input follows it, else in the config's order."""
     controls = [control.name for control in config.sequence_batching.control_input]
     names = [tensor.name for tensor in config.input] + controls
+    arguments = [argument.name for argument in module.forward.schema.arguments][1:]  # less self
+    if len(arguments) != len(names):
+        raise invalid_arg(
+            f"unable to load model '{config.name}', configuration expects {len(names)} inputs, "
+            f"model provides {len(arguments)}"
+        )
+    if all(name in arguments for name in names):
+        return sorted(names, key=arguments.index)
     indexed = [_INDEXED.match(name) for name in names]
     if all(indexed):
         by_index = {int(match.group(1)): name for match, name in zip(indexed, names, strict=True) if match}
         if sorted(by_index) != list(range(len(names))):
             raise invalid_arg(f"model '{config.name}': input indices must be 0 to {len(names) - 1}")
         return [by_index[i] for i in range(len(names))]
-    arguments = [argument.name for argument in module.forward.schema.arguments][1:]  # less self
-    missing = [name for name in names if name not in arguments]
-    if missing:
-        raise invalid_arg(
-            f"model '{config.name}': input '{missing[0]}' is neither named <name>__<index> nor an argument of "
-            f"forward ({', '.join(arguments)})"
-        )
-    return sorted(names, key=arguments.index)
+    log.warning(
+        "the inputs of model '%s' are neither forward's arguments (%s) nor named <name>__<index>: they are given "
+        "to forward in the configuration's order",
+        config.name,
+        ", ".join(arguments),
+    )
+    return names

@@ -127,17 +127,19 @@ class SharedMemoryManager:
             raise _invalid("shared memory region name must not be empty")
         if name in self._regions:
             raise EdgedError(ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-        if not (0 <= offset <= _MAX_SIZE and 0 < byte_size <= _MAX_SIZE):
-            raise _invalid(
-                f"failed to register shared memory region '{name}': invalid args (offset {offset}, byte size "
-                f"{byte_size})"
-            )
         _check_key(name, key)
         path = _key_path(key)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
+            # As Triton: a key that opens nothing is named before the sizes are looked at.
             raise EdgedError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
+        if not (0 <= offset <= _MAX_SIZE and 0 < byte_size <= _MAX_SIZE):
+            os.close(fd)
+            raise _invalid(
+                f"failed to register shared memory region '{name}': invalid args (offset {offset}, byte size "
+                f"{byte_size})"
+            )
         if len(self._regions) >= MAX_REGIONS:
             os.close(fd)
             raise EdgedError(

@@ -173,6 +173,14 @@ def test_registration_errors(client: grpcclient.InferenceServerClient, regions: 
     error = _error(lambda: client.register_system_shared_memory("x", "/edged_no_such_key", 8))
     assert error.status() == "StatusCode.INTERNAL"
     assert error.message() == "Unable to open shared memory region: '/edged_no_such_key'"
+    # The key is opened before the sizes are looked at (Triton's order): a size of 0 with a key that opens nothing.
+    error = _error(lambda: client.register_system_shared_memory("x", "/edged_no_such_key", 0))
+    assert (error.status(), error.message()) == (
+        "StatusCode.INTERNAL",
+        "Unable to open shared memory region: '/edged_no_such_key'",
+    )
+    error = _error(lambda: client.register_system_shared_memory("zero", in_key, 0))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT" and "invalid args" in error.message()
     error = _error(lambda: client.register_system_shared_memory("evil", "/../../etc/passwd", 8))
     assert error.message() == "Unable to open shared memory region: '/../../etc/passwd'"
     for key, prefix in (("/edged-internal", "edged-"), ("/triton_python_backend_shm_region_1", TRITON_PREFIX)):

@@ -131,8 +131,13 @@ def test_index_ready_must_be_a_bool(server: Server, client: httpclient.Inference
     reply = request(server.http_url, "POST", "/v2/repository/index", '{"ready":"x"}')
     assert reply.status == 400
     assert reply.error() == "Invalid value for 'ready': expected a boolean"
-    # Nested past any reasonable depth: refused without walking it, and the daemon serves on.
+    # Nested past any reasonable depth: refused without walking it, and the daemon serves on. As Triton, a 'ready'
+    # that nests is first of all not a boolean; another field that nests too deep is named as such.
     deep = '{"ready":' + "[" * 250_000 + "true" + "]" * 250_000 + "}"
+    reply = request(server.http_url, "POST", "/v2/repository/index", deep)
+    assert reply.status == 400
+    assert reply.error() == "Invalid value for 'ready': expected a boolean"
+    deep = '{"other":' + "[" * 250_000 + "true" + "]" * 250_000 + "}"
     reply = request(server.http_url, "POST", "/v2/repository/index", deep)
     assert reply.status == 400
     assert reply.error() == "JSON nesting depth exceeds maximum allowed limit (100)"

@@ -327,6 +327,45 @@ def test_load_with_a_config_override_and_files(explicit: tuple[Server, Path, Pat
     assert grpc.is_model_ready("uploaded")
 
 
+def test_a_plain_load_keeps_a_config_override_while_the_folder_is_unchanged(
+    explicit: tuple[Server, Path, Path],
+) -> None:
+    # As Triton: a load without overrides after a config override keeps serving the override, until the model's
+    # folder changes; a file: override is always undone by it.
+    server, repo, _ = explicit
+    client = httpclient.InferenceServerClient(server.http_url)
+    operator = bearer(api_token(server))
+    config = client.get_model_config("served")
+    before = config["instance_group"][0]["count"]
+    config["instance_group"][0]["count"] = before + 1
+    client.load_model("served", config=json.dumps(config), headers=operator)
+    # Only the count changed: the serving version takes one more instance, it is not loaded again.
+    events = _history(server, "served")["events"]
+    assert events[0]["reason"].startswith("instances changed in place"), events[0]
+    client.load_model("served")
+    assert client.get_model_config("served")["instance_group"][0]["count"] == before + 1
+    assert not any(e["state"] == "LOADING" and e["version"] == 1 for e in _history(server, "served")["events"][:2])
+    # The folder changes (its config is written again, the same text): the repository's config serves again.
+    folder_config = repo / "served" / "config.pbtxt"
+    folder_config.write_text(folder_config.read_text(encoding="utf-8"), encoding="utf-8")
+    client.load_model("served")
+    assert client.get_model_config("served")["instance_group"][0]["count"] == before
+    # A file: override: undone by the next plain load although the folder did not change.
+    model_file = (repo / "served" / "1" / "model.onnx").read_bytes()
+    client.load_model("served", config=json.dumps(config), files={"file:1/model.onnx": model_file}, headers=operator)
+    assert client.get_model_config("served")["instance_group"][0]["count"] == before + 1
+    client.load_model("served")
+    assert client.get_model_config("served")["instance_group"][0]["count"] == before
+    # After an unload, a plain load reads the repository.
+    client.load_model("served", config=json.dumps(config), headers=operator)
+    client.unload_model("served")
+    client.load_model("served")
+    assert client.get_model_config("served")["instance_group"][0]["count"] == before
+    np.testing.assert_array_equal(
+        client.infer("served", add_sub_inputs()).as_numpy("OUTPUT0"), ADD_SUB_INPUT0 + ADD_SUB_INPUT1
+    )
+
+
 TRAVERSALS: Final = (
     "../escaped",
     "1/../../escaped",

@@ -83,7 +83,9 @@ def private_copy(site: Site) -> Iterator[Path]:
     copies = list((site.state / "overrides" / "add_sub").glob("[0-9]*"))
     assert len(copies) == 1
     yield copies[0]
-    client.load_model("add_sub")  # from the repository again: the private copy goes
+    # From the repository again, the private copy gone (a plain load alone would keep the override, as Triton's).
+    client.unload_model("add_sub")
+    client.load_model("add_sub")
     client.close()
 
 
@@ -99,6 +101,8 @@ GRPC_LOAD_NAMES: Final = (
     "x" * 300,
     "bad\nname",
     "/tmp",
+    " ..",
+    " \t ",
 )
 
 
@@ -108,9 +112,17 @@ def test_grpc_load_of_a_name_that_is_no_folder_name(site: Site, private_copy: Pa
     client = grpcclient.InferenceServerClient(site.server.grpc_url)
     with pytest.raises(InferenceServerException) as caught:
         client.load_model(name)
-    assert caught.value.status() == "StatusCode.INTERNAL"
-    assert POLL_FAILURE in str(caught.value.message())
-    assert "cannot be a model name" in str(caught.value.message())
+    message = str(caught.value.message())
+    if not name.strip():
+        # Triton's checks of a name to load come first, in its words.
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert message == "Model name cannot be empty. Please enter a valid name to deploy."
+    elif "/" in name or name.strip() == "..":
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert message.endswith("model name must not contain path traversal characters"), message
+    else:
+        assert caught.value.status() == "StatusCode.INTERNAL"
+        assert POLL_FAILURE in message and "cannot be a model name" in message
     assert site.outside() == before
     assert _state_snapshot(site.state) == state_before
     assert private_copy.is_dir()
@@ -126,7 +138,8 @@ def test_grpc_load_with_files_writes_nothing_outside(site: Site, tmp_path: Path)
     for name in ("../../canary/c", "../../canary2", str(site.canary / "d"), str(tmp_path / "abs")):
         with pytest.raises(InferenceServerException) as caught:
             client.load_model(name, config=config, files=files, headers=bearer(api_token(site.server)))
-        assert caught.value.status() == "StatusCode.INTERNAL", name
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT", name
+        assert "path traversal characters" in str(caught.value.message())
     assert site.outside() == before
     assert not (site.root / "canary2").exists() and list(tmp_path.iterdir()) == []
     index = client.get_model_repository_index(as_json=True)["models"]
@@ -153,6 +166,9 @@ def test_http_load_of_a_name_that_is_no_folder_name(site: Site, private_copy: Pa
     if reply.status == 404:
         # The router normalised the path away from the load route: then nothing could be loaded either.
         assert path in ("/v2/repository/models/./load", "/v2/repository/models/../load")
+    elif path in ("/v2/repository/models/%2E%2E/load", "/v2/repository/models/../load"):
+        assert reply.status == 400, reply
+        assert "model name must not contain path traversal characters" in reply.error()
     else:
         assert reply.status == 500, reply
         assert POLL_FAILURE in reply.error() and "cannot be a model name" in reply.error()

@@ -42,7 +42,9 @@ def test_the_packaged_layout_keeps_its_repository_through_loads(tmp_path: Path) 
         assert client.get_model_config("add_sub")["max_batch_size"] == 4
         assert len(list((state / "overrides" / "add_sub").glob("[0-9]*"))) == 1
         assert _files(repo) == before
-        # ... and goes once the model serves from its repository folder again, which stays.
+        # ... and goes once the model serves from its repository folder again (unloaded and loaded: a plain load
+        # keeps a config override, as Triton's), which stays.
+        client.unload_model("add_sub")
         client.load_model("add_sub")
         assert not (state / "overrides" / "add_sub").exists()
         assert _files(repo) == before

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent  # type: ignore[import-untyped, unused-ignore]
+import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -233,3 +234,42 @@ def test_a_model_imports_the_files_beside_it_relatively(tmp_path: Path) -> None:
         tensor = httpclient.InferInput("IN", [1], "FP32")
         tensor.set_data_from_numpy(np.array([2.0], dtype=np.float32))
         assert client.infer("relative", [tensor]).as_numpy("OUT").tolist() == [6.0]
+
+
+BF16_THROUGH_TORCH = """
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tensor = pb_utils.get_input_tensor_by_name(request, "IN")
+            try:
+                tensor.as_numpy()
+            except pb_utils.TritonModelException as error:
+                pb_utils.Logger.log_info(f"as_numpy refused: {error}")
+            doubled = torch.utils.dlpack.from_dlpack(tensor.to_dlpack()) * 2
+            assert doubled.dtype == torch.bfloat16
+            out = pb_utils.Tensor.from_dlpack("OUT", torch.utils.dlpack.to_dlpack(doubled))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
+
+def test_bf16_tensors_travel_through_dlpack(tmp_path: Path) -> None:
+    # numpy has no bfloat16: as in Triton, a BF16 tensor goes to and from a framework through DLPack.
+    repo = tmp_path / "repo"
+    _python_model(repo, "bf16", BF16_THROUGH_TORCH)
+    config = repo / "bf16" / "config.pbtxt"
+    text = config.read_text(encoding="utf-8").replace("TYPE_FP32", "TYPE_BF16").replace("[ 1 ]", "[ 3 ]")
+    config.write_text(text, encoding="utf-8")
+    with run_server([repo]) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        values = np.array([1.5, -2.0, 0.25], dtype=ml_dtypes.bfloat16)
+        tensor = grpcclient.InferInput("IN", [3], "BF16")
+        tensor.set_data_from_numpy(values)
+        result = client.infer("bf16", [tensor]).as_numpy("OUT")
+        assert result.astype(np.float32).tolist() == [3.0, -4.0, 0.5]
+        assert "as_numpy refused: Tensor dtype is BF16 and cannot be converted to numpy" in server.log()

@@ -80,7 +80,16 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory, weighted: Weighted) -
     repository = tmp_path_factory.mktemp("pytorch") / "repository"
     _model(repository, "add_sub_torch", ADD_SUB_CONFIG, AddSub())
     _model(repository, "weighted", WEIGHTED_CONFIG, weighted)
-    _model(repository, "wrong_name", WEIGHTED_CONFIG.replace('name: "bias"', 'name: "offset"'), weighted)
+    # Names that are neither forward's nor indexed: the config's order is forward's.
+    in_config_order = WEIGHTED_CONFIG.replace(
+        'name: "bias", data_type: TYPE_FP32, dims: [ 3 ]', 'name: "a", data_type: TYPE_FP32, dims: [ 8 ]'
+    )
+    in_config_order = in_config_order.replace(
+        'name: "features", data_type: TYPE_FP32, dims: [ 8 ]', 'name: "b", data_type: TYPE_FP32, dims: [ 3 ]'
+    )
+    _model(repository, "config_order", in_config_order, weighted)
+    one_input = WEIGHTED_CONFIG.replace('{ name: "bias", data_type: TYPE_FP32, dims: [ 3 ] }, ', "")
+    _model(repository, "one_input", one_input, weighted)
     _model(repository, "no_model_file", ADD_SUB_CONFIG, None)
     (repository / "no_model_file" / "1" / "model.pt").write_bytes(b"not a TorchScript archive")
     _model(repository, "bad_parameter", ADD_SUB_CONFIG + 'parameters [{ key: "FAST", value: { string_value: "1" } }]',
@@ -147,10 +156,25 @@ def test_argument_names_in_another_order_and_the_parameters(torch_server: Server
     np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_inputs_named_neither_way_are_taken_in_the_config_order(torch_server: Server, weighted: Weighted) -> None:
+    features = np.random.default_rng(2).random((2, 8), dtype=np.float32)
+    bias = np.array([[0.25, 0.0, -0.25]] * 2, dtype=np.float32)
+    client = httpclient.InferenceServerClient(torch_server.http_url)
+    inputs = [httpclient.InferInput("b", [2, 3], "FP32"), httpclient.InferInput("a", [2, 8], "FP32")]
+    inputs[0].set_data_from_numpy(bias)
+    inputs[1].set_data_from_numpy(features)
+    result = client.infer("config_order", inputs).as_numpy("probabilities")
+    client.close()
+    with torch.no_grad():
+        expected = weighted(torch.from_numpy(features), torch.from_numpy(bias)).numpy()
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
+    assert "are given to forward in the configuration's order" in torch_server.log()
+
+
 @pytest.mark.parametrize(
     ("model", "reason"),
     [
-        ("wrong_name", "input 'offset' is neither named <name>__<index> nor an argument of forward (features, bias)"),
+        ("one_input", "unable to load model 'one_input', configuration expects 1 inputs, model provides 2"),
         ("no_model_file", "model.pt is not a TorchScript model"),
         ("bad_parameter", "unknown pytorch parameter 'FAST'"),
     ],

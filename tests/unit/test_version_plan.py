@@ -96,3 +96,16 @@ def test_versions_not_serving_or_from_elsewhere_load() -> None:
     private = ModelSource("m", Path("/state/models/m/1"), Path("/state/models/m"))
     assert plan_versions(_loaded(), private, _folder(), _config(), [1, 2]).load == (1, 2)
     assert plan_versions(_loaded(), SOURCE, _folder(), _config(), [3]) == VersionPlan(frozenset(), frozenset(), (3,))
+
+
+def test_versions_that_may_stay_where_they_run_are_planned_across_folders() -> None:
+    # A config override's private copy links the repository's files: a count-only change resizes, an identical
+    # config keeps, where the versions are allowed to go on running from the repository's folder.
+    private = ModelSource("m", Path("/state/overrides/m/1"), Path("/state/overrides/m"))
+    plan = plan_versions(_loaded(), private, _folder(), _config(count=2), [1, 2], movable=True)
+    assert plan == VersionPlan(frozenset(), frozenset({1, 2}), ())
+    plan = plan_versions(_loaded(), private, _folder(), _config(), [1, 2], movable=True)
+    assert plan == VersionPlan(frozenset({1, 2}), frozenset(), ())
+    # Files that differ still load, wherever they are.
+    folder = _folder(versions={1: VERSION_FILES, 2: (("model.onnx", 2000, 5),)})
+    assert plan_versions(_loaded(), private, folder, _config(), [1, 2], movable=True).load == (2,)

@@ -145,6 +145,15 @@ class ModelController:
         written into it. It serves what its version policy selects, or an ``activation``'s versions."""
         if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
+        # Triton's checks of a name to load (not to unload), in its words.
+        trimmed = name.strip(" \t\n\r\f\v")
+        if not trimmed:
+            raise EdgedError(ErrorCode.INVALID_ARG, "Model name cannot be empty. Please enter a valid name to deploy.")
+        if trimmed == ".." or "/" in trimmed:
+            raise EdgedError(
+                ErrorCode.INVALID_ARG,
+                f"invalid model name '{printable(name)}', model name must not contain path traversal characters",
+            )
         problem = model_name_problem(name)
         if problem is not None:
             # Triton's answer for a name it finds no folder for, with the reason a folder can never have it.
@@ -160,6 +169,8 @@ class ModelController:
                 source = (await self._scan()).models.get(name)
                 model_dir = source.path if source is not None else None
                 private = await self._copies.make(name, config_json, files or {}, model_dir, self._load_pool)
+            else:
+                private = await self._kept_override(name)
             try:
                 await self._load(name, origin, private=private, desired=True, activation=activation)
             finally:
@@ -389,7 +400,10 @@ class ModelController:
             error = exc.error if isinstance(exc, VersionsUnavailable) else exc
             self._config_failed(name, source, folder, old, exc, origin, time.monotonic() - started)
             raise EdgedError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': {error.message}") from None
-        plan = plan_versions(old, source, folder, config, numbers)
+        # Versions may stay where they run from across folders only when theirs is not a private copy, which goes
+        # once the model serves from elsewhere.
+        movable = old is not None and not self._copies.holds(name, old.source.path)
+        plan = plan_versions(old, source, folder, config, numbers, movable=movable)
         old_versions = dict(old.versions) if old is not None else {}
         kept = set(plan.keep)
         for number in sorted(plan.resize):
@@ -556,6 +570,21 @@ class ModelController:
     def _private_current(self, name: str) -> Path | None:
         """Explicit mode restores a model from the private copy it was last served from."""
         return self._copies.current(name) if self._options.mode is ControlMode.EXPLICIT else None
+
+    async def _kept_override(self, name: str) -> Path | None:
+        """As Triton: a load without overrides of a model that serves a ``config`` override keeps serving it as
+        long as nothing in the model's repository folder changed since the override was made; a ``file:``
+        override, or a folder changed since, is undone (the repository's folder loads again)."""
+        current = self._private_current(name)
+        entry = self._manager.entry(name)
+        if current is None or entry is None or entry.source.path != current or not self._serves(name):
+            return None
+        made_ns = self._copies.config_only_since(name, current)
+        source = (await self._scan()).models.get(name)
+        if made_ns is None or source is None:
+            return None
+        folder = await asyncio.get_running_loop().run_in_executor(self._load_pool, fingerprint, source.path)
+        return current if folder is not None and folder.newest_ns <= made_ns else None
 
     def _settle_private(self, name: str, private: Path | None) -> None:
         entry = self._manager.entry(name)

@@ -27,13 +27,22 @@ class VersionPlan:
 
 
 def plan_versions(
-    old: ModelEntry | None, source: ModelSource, folder: FolderPrint | None, config: ModelConfig, numbers: list[int]
+    old: ModelEntry | None,
+    source: ModelSource,
+    folder: FolderPrint | None,
+    config: ModelConfig,
+    numbers: list[int],
+    *,
+    movable: bool = False,
 ) -> VersionPlan:
     """The plan for loading ``numbers`` of a model from ``source`` (``folder`` its fingerprint, ``config`` its new
-    config) over ``old``, what the manager has of it now. Pure: it reads, loads and changes nothing."""
+    config) over ``old``, what the manager has of it now. ``movable``: versions of ``old`` may go on running from
+    its folder when the model now loads from another one with the same files (a config override's private copy,
+    whose files are links to the repository's). Pure: it reads, loads and changes nothing."""
     keep: set[int] = set()
     resize: set[int] = set()
-    same_files = old is not None and old.source.path == source.path and old.folder is not None and folder is not None
+    same_place = old is not None and (old.source.path == source.path or movable)
+    same_files = same_place and old is not None and old.folder is not None and folder is not None
     if same_files:
         assert old is not None and old.folder is not None and folder is not None
         for number in numbers:

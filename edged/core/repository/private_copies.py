@@ -98,6 +98,9 @@ class PrivateCopies:
 
     def __init__(self, root: Path | None) -> None:
         self._root = root  # None without a state directory: no overrides then
+        # The copies made from the repository's folder with only the config overridden (this run's): a load without
+        # overrides keeps one while that folder is unchanged (control.py).
+        self._config_only: set[Path] = set()
 
     def base(self, name: str) -> Path | None:
         if self._root is None:
@@ -131,7 +134,16 @@ class PrivateCopies:
         await asyncio.get_running_loop().run_in_executor(
             pool, make_private_copy, name, destination, origin_dir, config_text, files
         )
+        if origin_dir is not None:
+            self._config_only.add(destination)
         return destination
+
+    def config_only_since(self, name: str, path: Path) -> int | None:
+        """When ``path``, one of the model's copies, was made (ns since the epoch) if it is the repository's folder
+        with only the config overridden; None for any other."""
+        if path not in self._config_only or not self.holds(name, path) or not path.name.isdigit():
+            return None
+        return int(path.name)
 
     def current(self, name: str) -> Path | None:
         """The copy the model was last served from, if it was (never for a name that cannot be a model's)."""
@@ -167,12 +179,15 @@ class PrivateCopies:
             keep: Path | None = serving
         elif serving is not None:
             remove_tree(self._root, base)
+            self._config_only = {path for path in self._config_only if path.parent != base}
             return
         else:
             keep = self.current(name)
         if attempted is not None and attempted != keep:
             remove_tree(base, attempted)
+            self._config_only.discard(attempted)
         if base.is_dir() and not base.is_symlink():
             for other in base.iterdir():
                 if other != keep and other.name.isdigit():
                     remove_tree(base, other)
+                    self._config_only.discard(other)

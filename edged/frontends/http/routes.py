@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post, route
@@ -235,17 +236,30 @@ def _json_member(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
     return value
 
 
+_READY_CONTAINER = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
+
+
+def _ready_not_boolean() -> EdgedError:
+    return EdgedError(ErrorCode.INVALID_ARG, "Invalid value for 'ready': expected a boolean")
+
+
 @post("/v2/repository/index", status_code=200)
 async def repository_index(request: Request[Any, Any, Any]) -> Response[bytes]:
     body = await request.body()
     ready = False
     if body.strip():
-        parsed = _decode(request, body)
+        try:
+            parsed = _decode(request, body)
+        except EdgedError as exc:
+            if exc.code is ErrorCode.INVALID_ARG and _READY_CONTAINER.match(body):
+                # As Triton: a 'ready' nested too deep to read is first of all not a boolean.
+                raise _ready_not_boolean() from None
+            raise
         # The Python client sends the JSON string "" for "no options": anything but an object carries none.
         value = parsed.get("ready", False) if isinstance(parsed, dict) else False
         if not isinstance(value, bool):
             # Triton 2.51 answers 500 "attempt to access JSON non-boolean as boolean"; its tests now expect this.
-            raise EdgedError(ErrorCode.INVALID_ARG, "Invalid value for 'ready': expected a boolean")
+            raise _ready_not_boolean()
         ready = value
     return _json(kserve.repository_index(_service(request).repository_index(ready)))
 

@@ -311,7 +311,8 @@ class Tensor:
     def as_numpy(self) -> np.ndarray[Any, Any]:
         if self._type == _TYPE_BF16:
             raise TritonModelException(
-                f"tensor '{self._name}' is BF16, which numpy cannot hold: use to_dlpack() or Tensor.from_dlpack()"
+                f"Tensor dtype is BF16 and cannot be converted to numpy (tensor '{self._name}'): use to_dlpack() "
+                "and Tensor.from_dlpack() instead"
             )
         return self._array
 
@@ -330,9 +331,11 @@ class Tensor:
     def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
         if self._type == _TYPE_BYTES:
             raise TritonModelException(f"tensor '{self._name}' is BYTES, which DLPack cannot describe")
+        capsule = np.ascontiguousarray(self._array).__dlpack__()
         if self._type == _TYPE_BF16:
-            raise TritonModelException(f"DLPack export of the BF16 tensor '{self._name}' is not supported")
-        return np.ascontiguousarray(self._array).__dlpack__()
+            # Held as 16-bit unsigned words, which numpy exports; the consumer is told what they are.
+            _set_dlpack_type(capsule, _DL_BFLOAT, 16)
+        return capsule
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU, device 0
@@ -353,14 +356,55 @@ class Tensor:
         if isinstance(dlpack_tensor, Tensor):
             # Another pb_utils tensor (BF16 included): share its data.
             return Tensor._from_wire(name, dlpack_tensor._wire_datatype(), dlpack_tensor._array)
-        source = dlpack_tensor if hasattr(dlpack_tensor, "__dlpack__") else _Capsule(dlpack_tensor)
         try:
-            array = np.from_dlpack(source)
-        except (TypeError, BufferError, RuntimeError) as exc:
+            capsule = dlpack_tensor.__dlpack__() if hasattr(dlpack_tensor, "__dlpack__") else dlpack_tensor
+            # numpy has no bfloat16: such a tensor is read as the 16-bit words it is made of, and stays BF16.
+            bf16 = _dlpack_type(capsule) == (_DL_BFLOAT, 16)
+            if bf16:
+                _set_dlpack_type(capsule, _DL_UINT, 16)
+            array = np.from_dlpack(_Capsule(capsule))
+        except (TypeError, BufferError, RuntimeError, ValueError) as exc:
             raise TritonModelException(f"unable to read DLPack tensor for '{name}': {exc}") from None
         if not array.flags.c_contiguous:
             raise TritonModelException(f"DLPack tensor for '{name}' must be C-contiguous")
+        if bf16:
+            return Tensor._from_wire(name, "BF16", array)
         return Tensor(name, array)
+
+
+# DLPack's type codes (DLDataTypeCode) and where a legacy "dltensor" capsule's DLManagedTensor keeps its type: after
+# the data pointer (8 bytes), the device (two int32) and ndim (int32), a DLDataType of code (uint8), bits (uint8)
+# and lanes (uint16).
+_DL_UINT = 1
+_DL_BFLOAT = 4
+_DL_TYPE_OFFSET = 20
+
+
+def _dlpack_tensor_address(capsule: Any) -> int:
+    import ctypes
+
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    address = get_pointer(capsule, b"dltensor")  # ValueError for anything else (a used or versioned capsule)
+    if not address:
+        raise ValueError("the DLPack capsule holds no tensor")
+    return int(address)
+
+
+def _dlpack_type(capsule: Any) -> tuple[int, int]:
+    """The (type code, bits) of the tensor in an unused legacy DLPack capsule."""
+    import ctypes
+
+    address = _dlpack_tensor_address(capsule) + _DL_TYPE_OFFSET
+    return ctypes.c_uint8.from_address(address).value, ctypes.c_uint8.from_address(address + 1).value
+
+
+def _set_dlpack_type(capsule: Any, code: int, bits: int) -> None:
+    import ctypes
+
+    address = _dlpack_tensor_address(capsule) + _DL_TYPE_OFFSET
+    ctypes.c_uint8.from_address(address).value = code
+    ctypes.c_uint8.from_address(address + 1).value = bits
 
 
 class _Capsule:
