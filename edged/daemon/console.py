@@ -60,7 +60,17 @@ def console_part(
     tls: EndpointTls,
 ) -> ConsolePart:
     secure = tls.console is not None
-    context = ConsoleContext(service, accounts, access.tokens, secure=secure, started_at=time.time(), audit=audit)
+    context = ConsoleContext(
+        service,
+        accounts,
+        access.tokens,
+        secure=secure,
+        started_at=time.time(),
+        audit=audit,
+        device_name=settings.device_id or "",
+        http_port=settings.http_port,
+        grpc_port=settings.grpc_port,
+    )
     config = console_config(settings, create_console_app(context), refused, tls.console)
     address = settings.console_address or settings.http_address
     host = "localhost" if address in ("0.0.0.0", "::", "") else address

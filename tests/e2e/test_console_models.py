@@ -5,7 +5,10 @@ closed-loop client sends requests, and what a viewer and a forged request are re
 from __future__ import annotations
 
 import html
+import json
 import re
+import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,7 +25,7 @@ from playwright.sync_api import expect
 from server import REPO_ROOT, Server, run_server
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page, Route
+    from playwright.sync_api import Browser, Dialog, Page, Route
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
@@ -153,6 +156,10 @@ def test_table_lists_every_model_with_its_state(server: Server, page: Page) -> N
         for row in page.locator("table.models tbody tr").all()
     }
     assert set(rows) == {SCALED, "add_sub", "broken"}, rows
+    # What needs a person comes first: the model that failed, then the rest by name.
+    assert list(rows) == ["broken", "add_sub", SCALED], rows
+    # The header names the device (--device-id, else the host name), not the protocol's server name.
+    expect(page.locator("header .brand")).to_contain_text(socket.gethostname())
     assert rows[SCALED].startswith("ready")
     assert rows["add_sub"].startswith("ready")
     assert rows["broken"].startswith("unavailable")
@@ -181,7 +188,7 @@ def test_model_page_shows_config_versions_and_history(server: Server, page: Page
     browser_login(page, server.console_url, "vera")
     page.goto(f"{server.console_url}/models/{SCALED}")
     expect(page.get_by_role("heading", level=1)).to_have_text(SCALED)
-    config = page.locator("pre").inner_text()
+    config = page.locator("section[aria-labelledby=config-h] pre").inner_text()
     assert f'name: "{SCALED}"' in config and 'name: "INPUT0"' in config, config
     versions = page.locator("#model-live table").first.locator("tbody tr")
     assert versions.locator("th").all_inner_texts() == ["1", "2", "3"]
@@ -191,6 +198,35 @@ def test_model_page_shows_config_versions_and_history(server: Server, page: Page
     expect(history).to_contain_text("ready")
     assert_accessible(page)
     screenshot(page, "console-model")
+
+
+def test_a_model_page_shows_its_tensors_and_requests_that_run(server: Server, page: Page) -> None:
+    browser_login(page, server.console_url, "vera")
+    page.goto(f"{server.console_url}/models/add_sub")
+    section = page.locator("section[aria-labelledby=try-h]")
+    rows = [row.all_inner_texts() for row in [r.locator("th, td") for r in section.locator("tbody tr").all()]]
+    assert ["INPUT0", "input", "FP32", "[-1, 16]"] in rows, rows
+    assert ["OUTPUT1", "output", "FP32", "[-1, 16]"] in rows, rows
+    # The examples are what a person copies: each one runs as it is shown, against the daemon.
+    curl = page.locator("#example-curl").inner_text()
+    answer = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60, check=True).stdout
+    outputs = {output["name"]: output for output in json.loads(answer)["outputs"]}
+    assert outputs["OUTPUT0"]["data"] == [0.0] * 16, answer
+    python = page.locator("#example-python").inner_text()
+    ran = subprocess.run([sys.executable, "-c", python], check=False, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert "[[0. 0. 0." in ran.stdout, ran.stdout
+    # A viewer may send a test request built from the config; what came back is shown.
+    expect(page.get_by_role("button", name="Copy the curl command")).to_be_visible()
+    page.get_by_role("button", name="Send a test request").click()
+    expect(page.locator("#try-result p")).to_contain_text("Test request: answered by version 1 in", timeout=WAIT_MS)
+    result_rows = page.locator("#try-result tbody tr")
+    expect(result_rows).to_have_count(2)
+    assert result_rows.first.locator("th, td").all_inner_texts()[:3] == ["OUTPUT0", "FP32", "[1, 16]"]
+    assert_accessible(page)
+    # A model that serves nothing has no interface to show yet.
+    page.goto(f"{server.console_url}/models/broken")
+    expect(page.locator("section[aria-labelledby=try-h]")).to_contain_text("known once a version serves")
 
 
 def test_unknown_model_is_not_found(server: Server) -> None:
@@ -231,7 +267,13 @@ def test_pages_in_dark_and_at_phone_width(server: Server, browser: Browser, phon
 def test_operator_unloads_and_loads(server: Server, page: Page, client: httpclient.InferenceServerClient) -> None:
     browser_login(page, server.console_url, "otto")
     page.goto(f"{server.console_url}/models/add_sub")
-    page.on("dialog", lambda dialog: dialog.accept())
+    asked: list[str] = []
+
+    def accept(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
     page.get_by_role("button", name="Unload").click()
     _expect_result(page, "add_sub: unloaded: no version serves now")
     assert not client.is_model_ready("add_sub")
@@ -248,8 +290,12 @@ def test_operator_unloads_and_loads(server: Server, page: Page, client: httpclie
     expect(page.get_by_text("Loading…", exact=True)).to_be_visible()
     for name in ("Load", "Unload"):
         expect(page.get_by_role("button", name=name, exact=True)).to_be_disabled()
-    # Its served versions never changed: nothing to roll back to, and no rollback offered.
-    expect(page.get_by_role("button", name="Roll back to the previous version")).to_have_count(0)
+    # Its served versions never changed: nothing to roll back to, and the rollback is off, saying why.
+    rollback = page.get_by_role("button", name="Roll back to the previous version")
+    expect(rollback).to_be_disabled()
+    expect(page.locator("#rollback-why")).to_have_text(
+        "Nothing to roll back to: what serves has not replaced other versions."
+    )
     expect(page.locator("#model-result p")).to_have_text("add_sub: unloaded: no version serves now")
     page.wait_for_function("() => true")  # lets the route's handler run
     assert len(held) == 1
@@ -261,6 +307,12 @@ def test_operator_unloads_and_loads(server: Server, page: Page, client: httpclie
     # Loading again reloads it.
     page.get_by_role("button", name="Reload").click()
     _expect_result(page, "add_sub: reloaded: version 1 serves now")
+    # Each action that changes what serves asked first, naming what changes.
+    assert asked == [
+        "Unload add_sub? Requests to it fail until it is loaded again.",
+        "Reload add_sub? It loads again from the repository; what serves now (version 1) goes on serving until "
+        "the reload is done.",
+    ], asked
     assert client.is_model_ready("add_sub")
     history = page.locator("section[aria-labelledby=history-h]")
     expect(history).to_contain_text("user:otto")
@@ -271,6 +323,13 @@ def test_activate_and_roll_back_without_a_failed_request(
 ) -> None:
     browser_login(page, server.console_url, "otto")
     page.goto(f"{server.console_url}/models/{SCALED}")
+    asked: list[str] = []
+
+    def accept(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
     assert _factor(_infer(client)) == 3
     with ClosedLoop(server) as loop:
         _wait_for_answers(loop, 3, 0)
@@ -293,6 +352,13 @@ def test_activate_and_roll_back_without_a_failed_request(
     assert set(loop.factors[switched + 1 : before_rollback]) <= {1}, loop.factors[switched:before_rollback]
     assert _factor(_infer(client)) == 3
     expect(page.locator("section[aria-labelledby=history-h]")).to_contain_text("rolled back")
+    # Version 1 was replaced on purpose: "retired", not a failure.
+    versions = page.locator("#model-live table").first.locator("tbody tr")
+    expect(versions.nth(0).locator("td").first).to_have_text("retired")
+    assert asked == [
+        f"Activate version 1 of {SCALED}? It serves instead of version 3.",
+        f"Roll back {SCALED} to version 3? Version 1 stops serving.",
+    ], asked
 
 
 def test_plain_forms_redirect_back_with_the_result_once(

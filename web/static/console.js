@@ -1,5 +1,5 @@
 // The console's own script. Pages work without it (they are read as plain HTML); htmx makes them live, and this
-// file adds what htmx does not do: confirmation of dangerous actions (data-confirm) and the live clock of "ago" labels.
+// file adds what htmx does not do: confirmation of dangerous actions (data-confirm), copy buttons and the live clock of "ago" labels.
 "use strict";
 
 document.addEventListener("htmx:confirm", (event) => {
@@ -14,4 +14,23 @@ document.addEventListener("submit", (event) => {
   const form = event.target;
   const question = form.getAttribute && form.getAttribute("data-confirm");
   if (question && !form.hasAttribute("hx-post") && !window.confirm(question)) event.preventDefault();
+});
+
+// Copy buttons beside examples: shown only where the script runs (without it, the text is there to select).
+document.addEventListener("DOMContentLoaded", () => {
+  for (const button of document.querySelectorAll("button[data-copy]")) {
+    button.hidden = false;
+    button.addEventListener("click", async () => {
+      const source = document.getElementById(button.getAttribute("data-copy"));
+      if (!source) return;
+      const label = button.textContent;
+      try {
+        await navigator.clipboard.writeText(source.textContent);
+        button.textContent = "Copied";
+      } catch {
+        button.textContent = "Select the text to copy it";
+      }
+      setTimeout(() => { button.textContent = label; }, 2000);
+    });
+  }
 });

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from edged.proto.model_config_pb2 import ModelConfig
 
 
+# The reason a version gets when it is unloaded on purpose (Triton's word in the repository index).
+RETIRED_REASON = "unloaded"
+
+
 @dataclass(frozen=True, slots=True)
 class VersionSummary:
     number: int
@@ -27,6 +31,18 @@ class VersionSummary:
     # Its folder is in the repository: only then can it be loaded or activated (a version unloaded and then
     # removed is still listed, as Triton's index lists it).
     on_disk: bool = True
+
+    @property
+    def retired(self) -> bool:
+        """Unloaded on purpose (replaced by another version, or the model unloaded), not failed."""
+        return self.state == ModelState.UNAVAILABLE.value and self.reason == RETIRED_REASON
+
+    @property
+    def label(self) -> str:
+        """The word a person reads for its state: "retired" is not a failure, "not loaded" not an error."""
+        if self.retired:
+            return "retired"
+        return self.state.lower() if self.state else "not loaded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +63,29 @@ class ModelSummary:
     max_batch_size: int
     dynamic_batching: bool
     repository: str
+    # It should be served (loaded on purpose and not unloaded since): while it is not READY, the device is not ready
+    # under strict readiness.
+    wanted: bool = False
+
+    @property
+    def failed(self) -> bool:
+        """Not serving for a reason other than an operator's unload: what a person must look at first."""
+        if self.state != ModelState.UNAVAILABLE.value:
+            return False
+        return (
+            self.wanted
+            or bool(self.reason)
+            or any(v.state == ModelState.UNAVAILABLE.value and not v.retired for v in self.versions)
+        )
+
+    @property
+    def label(self) -> str:
+        """The word a person reads for its state: a model unloaded on purpose is "unloaded", not "unavailable"."""
+        if not self.state:
+            return "not loaded"
+        if self.state == ModelState.UNAVAILABLE.value and not self.failed:
+            return "unloaded"
+        return self.state.lower()
 
     @property
     def serving(self) -> list[int]:
@@ -109,6 +148,7 @@ def _summary(
         max_batch_size=config.max_batch_size if config is not None else 0,
         dynamic_batching=config.HasField("dynamic_batching") if config is not None else False,
         repository=repository,
+        wanted=entry is not None and entry.wanted,
     )
 
 

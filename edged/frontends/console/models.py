@@ -23,6 +23,7 @@ from litestar.response import Redirect, Template
 from edged.core.names import printable
 from edged.errors import EdgedError
 from edged.frontends.console import auth
+from edged.frontends.console.examples import TryResult, signature, try_model
 from edged.frontends.console.figures import NO_TRAFFIC, model_figures
 from edged.frontends.console.pages import acting, console, is_htmx, render, session_of
 from edged.frontends.statuses import status_for
@@ -76,11 +77,33 @@ async def models_page(request: Request[Any, Any, Any], part: str = "") -> Templa
 
 @get("/models/{name:str}")
 async def model_page(request: Request[Any, Any, Any], name: str, offset: int = 0) -> Template:
-    service = console(request).service
+    return await _model_page(request, name, offset)
+
+
+async def _model_page(
+    request: Request[Any, Any, Any], name: str, offset: int = 0, tried: TryResult | None = None
+) -> Template:
+    context = console(request)
+    service = context.service
     model = _model(service, name)
     result = _take_result(request, session_of(request), name)
-    values = await _live(service, model, offset) | {"result": result}
-    return render(request, "model.html", config_text=service.model_config_text(name), **values)
+    values = await _live(service, model, offset) | {"result": result, "tried": tried}
+    host = request.url.hostname or "localhost"
+    example = signature(service, name, host, context.http_port, context.grpc_port)
+    return render(request, "model.html", config_text=service.model_config_text(name), example=example, **values)
+
+
+@post("/models/{name:str}/try", guards=[auth.csrf], status_code=200)
+async def try_it(request: Request[Any, Any, Any], name: str) -> Template:
+    """A test request with sample inputs, which any signed-in user may send (it changes nothing): the result part
+    for htmx, the whole page with the result otherwise."""
+    service = console(request).service
+    model = _model(service, name)
+    with acting(session_of(request)):
+        tried = await try_model(service, name)
+    if is_htmx(request):
+        return render(request, "model_try_result.html", model=model, tried=tried)
+    return await _model_page(request, name, tried=tried)
 
 
 @get("/models/{name:str}/live")
@@ -198,7 +221,15 @@ def _table(service: InferenceService) -> dict[str, Any]:
                 p99_ms=now.p99_ms,
             )
         )
+    # What needs a person comes first: failures, then models on their way in or out, then the rest by name.
+    rows.sort(key=lambda row: (_urgency(row.model), row.model.name))
     return {"rows": rows, **_control(service)}
+
+
+def _urgency(model: ModelSummary) -> int:
+    if model.failed:
+        return 0
+    return 1 if model.state in ("LOADING", "UNLOADING") else 2
 
 
 async def _live(service: InferenceService, model: ModelSummary, offset: int) -> dict[str, Any]:
@@ -212,6 +243,7 @@ async def _live(service: InferenceService, model: ModelSummary, offset: int) -> 
         "instances": _instances(model.instances) if model.serving else "",
         # What a rollback would serve, offered only when every one of them is still on disk.
         "rollback_to": _listed(previous) if previous and set(previous) <= set(model.on_disk) else "",
+        "rollback_why_not": _no_rollback(previous, model.on_disk),
         "events": events,
         "total": total,
         "offset": offset,
@@ -220,6 +252,16 @@ async def _live(service: InferenceService, model: ModelSummary, offset: int) -> 
         "result_oob": False,
         **_control(service),
     }
+
+
+def _no_rollback(previous: list[int], on_disk: list[int]) -> str:
+    """Why there is nothing to roll back to (shown beside the disabled button)."""
+    if not previous:
+        return "Nothing to roll back to: what serves has not replaced other versions."
+    gone = sorted(set(previous) - set(on_disk))
+    if gone:
+        return f"Cannot roll back: version{'s' if len(gone) > 1 else ''} {_listed(gone)} no longer on disk."
+    return ""
 
 
 def _control(service: InferenceService) -> dict[str, Any]:
@@ -274,4 +316,4 @@ def _take_result(request: Request[Any, Any, Any], session: Session, name: str) -
     return _results(request).pop((session.id, name), None)
 
 
-ROUTES = [models_page, model_page, model_live, load, unload, activate, rollback]
+ROUTES = [models_page, model_page, model_live, load, unload, activate, rollback, try_it]

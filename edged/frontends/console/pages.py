@@ -39,6 +39,11 @@ class ConsoleContext:
     secure: bool = False
     started_at: float = 0.0
     audit: AuditLog | None = None
+    # The device's name (--device-id, else the host name), which the header shows: a fleet's consoles look alike.
+    device_name: str = ""
+    # The inference endpoints' ports, for the example requests a model's page shows.
+    http_port: int = 8000
+    grpc_port: int = 8001
 
     @property
     def cookie_name(self) -> str:
@@ -98,7 +103,7 @@ def render(request: Request[Any, Any, Any], template: str, *, status_code: int =
         "can_operate": may(session, Role.OPERATOR),
         "is_admin": may(session, Role.ADMIN),
         "version": __version__,
-        "server_id": context.service.server_metadata().name,
+        "device_name": context.device_name or context.service.server_metadata().name,
         "path": request.url.path,
         "now": time.time(),
     }
