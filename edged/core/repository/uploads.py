@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from edged.core.confined import inside, make_dirs, remove_tree
 from edged.core.names import model_name_problem, printable
 from edged.core.repository.archives import ArchiveKind, ArchiveLimits, Member, extract, inspect
+from edged.core.repository.deletion import ModelDeletion
 from edged.core.repository.files import sync_directory
 from edged.core.repository.manager import ModelState, VersionsUnavailable
 from edged.core.repository.modes import ControlMode, Origin
@@ -140,6 +141,8 @@ class ModelUploads:
         self._manager = manager
         self._options = options
         self._locks: dict[str, asyncio.Lock] = {}
+        # Deleting what is in the repository, under the same per-model locks as uploads.
+        self.deletion = ModelDeletion(controller, manager, options.synced, self._locks)
         self._in_progress = 0
         self._probations: set[asyncio.Task[None]] = set()
         if options.state_dir is not None:

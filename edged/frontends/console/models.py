@@ -21,7 +21,7 @@ from litestar.exceptions import NotFoundException
 from litestar.response import Redirect, Template
 
 from edged.core.names import printable
-from edged.errors import EdgedError
+from edged.errors import EdgedError, ErrorCode
 from edged.frontends.console import auth
 from edged.frontends.console.examples import TryResult, signature, try_model
 from edged.frontends.console.figures import NO_TRAFFIC, model_figures
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from edged.core.accounts import Session
+    from edged.core.repository.deletion import ModelDeletion
     from edged.core.repository.summary import InstanceSummary, ModelSummary
     from edged.core.service import InferenceService
 
@@ -164,6 +165,36 @@ async def rollback(request: Request[Any, Any, Any], name: str) -> Template | Red
         return f"rolled back: {_serve_line(_listed(served.versions))}{_was(served.previous)}"
 
     return await _act(request, name, call)
+
+
+@post("/models/{name:str}/delete", guards=_OPERATOR, status_code=200)
+async def delete_model(request: Request[Any, Any, Any], name: str) -> Template | Redirect | Response[bytes]:
+    service = console(request).service
+
+    async def call() -> str:
+        await _deletion(service).delete_model(name)
+        return "deleted: its folder is gone from the repository"
+
+    return await _act(request, name, call)
+
+
+@post("/models/{name:str}/versions/{version:int}/delete", guards=_OPERATOR, status_code=200)
+async def delete_version(
+    request: Request[Any, Any, Any], name: str, version: int
+) -> Template | Redirect | Response[bytes]:
+    service = console(request).service
+
+    async def call() -> str:
+        await _deletion(service).delete_version(name, version)
+        return f"version {version} deleted: its folder is gone from the repository"
+
+    return await _act(request, name, call)
+
+
+def _deletion(service: InferenceService) -> ModelDeletion:
+    if service.uploads is None:
+        raise EdgedError(ErrorCode.UNAVAILABLE, "this server changes no model repository")
+    return service.uploads.deletion
 
 
 async def _act(
@@ -316,4 +347,4 @@ def _take_result(request: Request[Any, Any, Any], session: Session, name: str) -
     return _results(request).pop((session.id, name), None)
 
 
-ROUTES = [models_page, model_page, model_live, load, unload, activate, rollback, try_it]
+ROUTES = [models_page, model_page, model_live, load, unload, activate, rollback, delete_model, delete_version, try_it]

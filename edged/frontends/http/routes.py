@@ -28,6 +28,7 @@ from edged.frontends.http.codec import (
     error_body,
     url_version,
 )
+from edged.frontends.http.deletion import model_delete, version_delete
 from edged.frontends.http.infer import HttpOptions, InferRoute
 from edged.frontends.http.openapi import openapi_route
 from edged.frontends.http.tokens import token_create, token_list, token_revoke
@@ -515,6 +516,8 @@ def create_http_app(
             model_history,
             metrics_history,
             model_upload,
+            model_delete,
+            version_delete,
             version_activate,
             version_rollback,
             sync_status,
