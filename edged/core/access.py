@@ -20,7 +20,9 @@ daemon would run as its own user. These need a credential from every address; th
 A token presented where none is needed is not checked (the hot inference path pays nothing); a token presented for
 a guarded category must be valid, and the request is judged by it, on loopback too (a viewer's token there is a
 viewer). Secrets are compared in constant time and never logged. Tokens live in the state database
-(``edged token``); a revoked token stops working within ``TOKEN_CACHE_S`` seconds.
+(``edged token``); a revoked token stops working within ``TOKEN_CACHE_S`` seconds. A valid token's last use (when,
+from which address) is kept in memory and written to the database at most every ``TOKEN_USE_WRITE_S`` seconds per
+token, on a thread of its own: the request that presents it never waits on the write.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -57,6 +60,9 @@ TOKEN_PREFIX: Final = "edged_"
 TOKEN_CACHE_S: Final = 2.0
 # Looked-up token ids kept at most: ids made up by clients must not grow the cache without bound.
 TOKEN_CACHE_MAX: Final = 4096
+# A token's last use is written at most this often: each write waits on fsync, and a client may present its token a
+# thousand times a second. Between writes the newest use is kept in memory, and the token list shows it from there.
+TOKEN_USE_WRITE_S: Final = 60.0
 
 
 class Category(enum.Enum):
@@ -204,6 +210,8 @@ class TokenStore(Protocol):
 
     def revoke_token(self, name: str) -> bool: ...
 
+    def touch_token(self, token_id: str, at: datetime, peer: str | None) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class TokenView:
@@ -214,13 +222,28 @@ class TokenView:
     state: Literal["active", "revoked", "expired"]
     created_at: datetime
     expires_at: datetime | None
+    last_used_at: datetime | None = None
+    last_used_peer: str | None = None  # the client address of that use
 
     @classmethod
-    def of(cls, record: TokenRecord) -> TokenView:
+    def of(cls, record: TokenRecord, use: TokenUse | None = None) -> TokenView:
+        """``use``: this daemon's newest use of the token, when it is newer than the stored one."""
         state: Literal["active", "revoked", "expired"] = "revoked" if record.revoked_at else "active"
         if state == "active" and record.expires_at is not None and record.expires_at <= datetime.now(UTC):
             state = "expired"
-        return cls(record.name, record.role, state, record.created_at, record.expires_at)
+        used_at, peer = record.last_used_at, record.last_used_peer
+        if use is not None and (used_at is None or use.at > used_at):
+            used_at, peer = use.at, use.peer
+        return cls(record.name, record.role, state, record.created_at, record.expires_at, used_at, peer)
+
+
+@dataclass(slots=True)
+class TokenUse:
+    """A token's newest use as this daemon saw it, and when (its clock) it was last written."""
+
+    at: datetime
+    peer: str | None
+    written: float | None = None  # None: not written by this daemon yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,17 +284,29 @@ class _Cached:
     until: float
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 @dataclass
 class TokenVerifier:
-    """Checks presented tokens against the store, keeping each lookup for TOKEN_CACHE_S seconds."""
+    """Checks presented tokens against the store, keeping each lookup for TOKEN_CACHE_S seconds, and records each
+    valid token's last use. ``clock`` paces the cache and the writes; ``wall`` is the time a use is recorded at;
+    ``run_write`` runs a write of a last use (by default on a thread of the verifier's own)."""
 
     store: TokenStore | None
     clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], datetime] = _utcnow
+    run_write: Callable[[Callable[[], None]], object] | None = None
     _cache: dict[str, _Cached] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # By token id, of valid tokens only: as many entries as there are tokens, whatever clients send.
+    _uses: dict[str, TokenUse] = field(default_factory=dict)
+    _writer: ThreadPoolExecutor | None = None
 
-    def verify(self, token: str) -> TokenRecord | None:
-        """The valid (known, unrevoked, unexpired) token's record, or None."""
+    def verify(self, token: str, peer: str | None = None) -> TokenRecord | None:
+        """The valid (known, unrevoked, unexpired) token's record, or None. A valid token's use from ``peer`` (the
+        client's address) is recorded."""
         if not token.startswith(TOKEN_PREFIX) or self.store is None:
             return None
         token_id, _, secret = token.removeprefix(TOKEN_PREFIX).partition("_")
@@ -284,6 +319,7 @@ class TokenVerifier:
             return None
         if record.expires_at is not None and record.expires_at <= datetime.now(UTC):
             return None
+        self._used(record.token_id, peer)
         return record
 
     # --- management (admin): edged token, and the HTTP API ---
@@ -303,13 +339,45 @@ class TokenVerifier:
         return made.secret, TokenView.of(made.record)
 
     def list(self) -> list[TokenView]:
-        return [TokenView.of(record) for record in self._store_or_fail().tokens()]
+        records = self._store_or_fail().tokens()
+        with self._lock:
+            uses = {token_id: TokenUse(use.at, use.peer) for token_id, use in self._uses.items()}
+        return [TokenView.of(record, uses.get(record.token_id)) for record in records]
 
     def revoke(self, name: str) -> bool:
         revoked = self._store_or_fail().revoke_token(name)
         with self._lock:
             self._cache.clear()  # this daemon stops honouring it at once, not within TOKEN_CACHE_S
         return revoked
+
+    def _used(self, token_id: str, peer: str | None) -> None:
+        now, at = self.clock(), self.wall()
+        with self._lock:
+            use = self._uses.get(token_id)
+            if use is None:
+                use = self._uses[token_id] = TokenUse(at, peer)
+            else:
+                use.at, use.peer = at, peer
+            if use.written is not None and now - use.written < TOKEN_USE_WRITE_S:
+                return  # kept in memory: the next use after the interval writes it
+            use.written = now
+        store = self.store
+        assert store is not None
+
+        def write() -> None:
+            try:
+                store.touch_token(token_id, at, peer)
+            except Exception as error:  # the record of a use is worth no failed request, nor a dead writer thread
+                log.warning("could not record the last use of an API token: %s", error)
+
+        if self.run_write is not None:
+            self.run_write(write)
+            return
+        with self._lock:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="edged-token-use")
+            writer = self._writer
+        writer.submit(write)
 
     def _store_or_fail(self) -> TokenStore:
         if self.store is None:
@@ -402,7 +470,7 @@ class AccessPolicy:
             return open_actor(caller.peer)
         token = bearer(caller.headers)
         if token is not None:
-            record = self._tokens.verify(token)
+            record = self._tokens.verify(token, caller.peer)
             if record is None:
                 raise AccessDenied(Refusal.UNAUTHENTICATED, "the API token is not valid (unknown, revoked or expired)")
             return self._granted(category, Role(record.role), f"token:{record.name}")

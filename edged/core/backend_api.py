@@ -105,7 +105,10 @@ class BackendModel(Protocol):
     cannot serve (an instance's process is restarting), which the model-ready endpoints report; and
     ``crash_count() -> int``: how many times its instances' processes died (a probation after an update counts them);
     and ``each_instance() -> Sequence[BackendInstance]``: one per model instance, each running on that instance only,
-    where ``instances`` are shared slots (model_warmup must reach every instance).
+    where ``instances`` are shared slots (model_warmup must reach every instance); and
+    ``instance_processes() -> Sequence[tuple[str, int]]`` (called on the event loop, must not block): the instance
+    name and process id of each instance that runs in a process of its own, for the memory a model's page shows
+    (edged.core.model_memory).
     """
 
     @property

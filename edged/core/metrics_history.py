@@ -13,6 +13,9 @@ live in fixed-size arrays (a ring of ``capacity`` points), so memory is bounded 
 whose statistics are new (it was (re)loaded) or whose counters went down counts from zero: a reload never makes a
 negative rate.
 
+The device's points hold what edged's own processes (the daemon and those it started) used of its CPU and memory
+beside the host's figures, so that the one can be told from the other.
+
 Sampled and read on the event loop only, like the statistics themselves; the clocks are injected for the tests.
 """
 
@@ -51,12 +54,16 @@ class GpuSample:
 @dataclass(frozen=True, slots=True)
 class DeviceSample:
     """What the device looked like at one point: CPU utilization since the previous reading (0.0 - 1.0), memory in
-    bytes, and each GPU. None where it is not known (or not read, as --allow-cpu-metrics=false asks)."""
+    bytes, and each GPU; and what edged's own processes used of them (edged.core.processes: CPU as a share of all
+    the host's CPUs, memory as their RSS summed). None where it is not known (or not read, as
+    --allow-cpu-metrics=false asks)."""
 
     cpu_utilization: float | None = None
     memory_total: int | None = None
     memory_used: int | None = None
     gpus: tuple[GpuSample, ...] = ()
+    edged_cpu_utilization: float | None = None
+    edged_memory_used: int | None = None
 
 
 # Reads the device once; blocking (files, NVML), so it is called outside the event loop.
@@ -218,6 +225,8 @@ class MetricsHistory:
         self._cpu = array("f", [_NAN]) * capacity
         self._memory_used = array("d", [_NAN]) * capacity
         self._memory_total: int | None = None
+        self._edged_cpu = array("f", [_NAN]) * capacity
+        self._edged_memory = array("d", [_NAN]) * capacity
         self._gpus: dict[str, _GpuSeries] = {}
         self._readings: dict[tuple[str, int], _Reading] = {}
         self._last_tick: float | None = None
@@ -303,6 +312,8 @@ class MetricsHistory:
         self._memory_used[slot] = device.memory_used if device.memory_used is not None else _NAN
         if device.memory_total is not None:
             self._memory_total = device.memory_total
+        self._edged_cpu[slot] = device.edged_cpu_utilization if device.edged_cpu_utilization is not None else _NAN
+        self._edged_memory[slot] = device.edged_memory_used if device.edged_memory_used is not None else _NAN
         seen = set()
         for gpu in device.gpus:
             seen.add(gpu.uuid)
@@ -326,7 +337,8 @@ class MetricsHistory:
 
     def nbytes(self) -> int:
         """The bytes of the arrays that hold the points (the bound on what the history keeps)."""
-        total = sum(a.itemsize * len(a) for a in (self._times, self._cpu, self._memory_used, self._unrouted_rate))
+        own = (self._times, self._cpu, self._memory_used, self._unrouted_rate, self._edged_cpu, self._edged_memory)
+        total = sum(a.itemsize * len(a) for a in own)
         total += sum(series.nbytes() for series in self._models.values())
         total += sum(8 * self.capacity * 2 for _ in self._gpus)
         return total
@@ -381,6 +393,8 @@ class MetricsHistory:
                 "cpu_utilization": _floats(self._cpu, slots),
                 "memory_used_bytes": _ints(self._memory_used, slots),
                 "memory_total_bytes": self._memory_total,
+                "edged_cpu_utilization": _floats(self._edged_cpu, slots),
+                "edged_memory_used_bytes": _ints(self._edged_memory, slots),
                 "gpus": {
                     uuid: {
                         "utilization": _floats(gpu.utilization, slots),

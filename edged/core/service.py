@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edged import __version__
+from edged.core.model_memory import ModelMemory, model_memory
 from edged.core.names import model_name_problem, printable
 from edged.core.repository.summary import config_text, summaries, summary
 from edged.core.request.classification import classify
@@ -33,6 +34,7 @@ from edged.errors import EdgedError, ErrorCode
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from edged.core.device_conditions import DeviceConditions, DeviceConditionsReader
     from edged.core.devices import DeviceInventory
     from edged.core.metrics_history import MetricsHistory
     from edged.core.repository.control import ModelController
@@ -130,11 +132,14 @@ class InferenceService:
         history: MetricsHistory | None = None,
         uploads: ModelUploads | None = None,
         unrouted: UnroutedErrors | None = None,
+        conditions: DeviceConditionsReader | None = None,
     ) -> None:
         """``controller``: model control, for the repository API (None: loads and unloads are refused); ``sync``:
         repository sync, when a repository is remote; ``history``: the last minutes of metrics, for live charts;
         ``uploads``: model uploads (None: refused); ``unrouted``: where requests answered with an error for no
-        served model are counted (the history reads it)."""
+        served model are counted (the history reads it); ``conditions``: disk space and temperatures, for the
+        console (None: not read)."""
+        self._conditions = conditions
         self.sync = sync
         self.unrouted = unrouted if unrouted is not None else UnroutedErrors()
         self._history = history
@@ -272,6 +277,16 @@ class InferenceService:
 
     def model_summary(self, name: str) -> ModelSummary | None:
         return summary(self._manager, self._manager.devices, name)
+
+    def model_memory(self, name: str) -> ModelMemory:
+        """The memory of the model's instance processes, where its instances run in processes of their own (the
+        Python backend, isolated frameworks); none listed for a model served inside the daemon."""
+        return model_memory(self._manager, name)
+
+    def device_conditions(self) -> DeviceConditions | None:
+        """Free disk space where edged writes, and the temperatures the kernel exposes; None when not read.
+        Blocking (statvfs, sysfs): call it off the event loop."""
+        return self._conditions.read() if self._conditions is not None else None
 
     def model_config_text(self, name: str) -> str | None:
         """The model's config as loaded, as config.pbtxt text (None when it never loaded)."""

@@ -34,6 +34,7 @@ from edged.backends import BackendRegistry
 from edged.core.access import AccessPolicy, TokenVerifier
 from edged.core.accounts import Accounts
 from edged.core.audit import AuditLog
+from edged.core.device_conditions import DeviceConditionsReader
 from edged.core.devices import DeviceInventory
 from edged.core.metrics_history import MetricsHistory
 from edged.core.names import printable
@@ -203,6 +204,7 @@ class Core:
             history=history,
             uploads=uploads,
             unrouted=unrouted,
+            conditions=DeviceConditionsReader(settings.state_dir, lambda: manager.repositories),
         )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)

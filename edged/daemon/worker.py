@@ -25,6 +25,8 @@ from edged.frontends.http.infer import INFER_PATH, InferRoute
 from edged.frontends.relay.remote import Relay, RelayApp, RelayedCounter, RemoteService
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from litestar.types import ASGIApp
     from prometheus_client import Counter
 
@@ -52,6 +54,11 @@ class _RemoteTokens:
 
     def revoke_token(self, name: str) -> bool:
         raise RuntimeError("a frontend worker manages no tokens")
+
+    def touch_token(self, token_id: str, at: datetime, peer: str | None) -> None:
+        # A worker opens no database, and the relay carries no writes: a token is recorded as used where the daemon
+        # itself checks it (every request but the inference a worker serves).
+        return None
 
 
 class _Split:

@@ -119,7 +119,7 @@ transitions: Final = Table(
 )
 
 # An API token: its public id (the part of the token a lookup uses), a unique name, a role, and the SHA-256 of its
-# secret; the secret itself is shown once, when it is made, and never stored.
+# secret; the secret itself is shown once, when it is made, and never stored. And its last use.
 api_tokens: Final = Table(
     "api_tokens",
     metadata,
@@ -131,6 +131,10 @@ api_tokens: Final = Table(
     _required("created_at", UTCDateTime),
     Column("expires_at", UTCDateTime, nullable=True),
     Column("revoked_at", UTCDateTime, nullable=True),
+    # When and from which client address the token was last presented and valid, written at most once a minute
+    # (edged.core.access.TOKEN_USE_WRITE_S); NULL while it has not been used.
+    Column("last_used_at", UTCDateTime, nullable=True),
+    Column("last_used_peer", String, nullable=True),
 )
 
 # A model explicit mode should have loaded. ``by_policy``: the versions its version policy picks.

@@ -54,7 +54,7 @@ MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 # The schema revision of this edged (the newest in migrations/versions; a test holds them equal). A database at it,
 # or a new one, opens without Alembic, whose import alone takes a fifth of a second of every start on a small device;
 # Alembic runs only to upgrade an older database or to refuse one it cannot place.
-HEAD_REVISION: Final = "0005"
+HEAD_REVISION: Final = "0006"
 # The table in which Alembic keeps a database's revision, as Alembic itself creates it.
 _VERSION_TABLE: Final = (
     "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
@@ -108,6 +108,8 @@ class TokenRecord:
     created_at: datetime  # tz-aware, UTC
     expires_at: datetime | None
     revoked_at: datetime | None
+    last_used_at: datetime | None = None  # tz-aware, UTC; None: never used (or not since the column exists)
+    last_used_peer: str | None = None  # the client address of that use
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,8 @@ _TOKENS: Final = select(
     api_tokens.c.created_at,
     api_tokens.c.expires_at,
     api_tokens.c.revoked_at,
+    api_tokens.c.last_used_at,
+    api_tokens.c.last_used_peer,
 )
 
 
@@ -421,6 +425,19 @@ class StateStore(AccountRecords, AuditRecords, SyncRecords):
                 .values(revoked_at=_now())
             )
             return revoked.rowcount > 0
+
+    def touch_token(self, token_id: str, at: datetime, peer: str | None) -> None:
+        """Moves a token's last use to ``at`` (from ``peer``); never back: of two daemons' writes, the later use
+        stays."""
+        with self._transaction(write=True) as connection:
+            connection.execute(
+                update(api_tokens)
+                .where(
+                    api_tokens.c.token_id == token_id,
+                    (api_tokens.c.last_used_at.is_(None)) | (api_tokens.c.last_used_at < at),
+                )
+                .values(last_used_at=at, last_used_peer=peer)
+            )
 
     # --- maintenance -----------------------------------------------------------------------------------------
 

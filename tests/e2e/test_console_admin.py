@@ -266,6 +266,16 @@ def test_a_token_is_shown_once_works_and_stops_when_revoked(server: Server, page
     assert secret not in page.content()
     row = page.get_by_role("row", name=re.compile("^line-3-camera"))
     assert "operator" in row.inner_text() and "active" in row.inner_text()
+    # Its use on the HTTP API just now is its last use, from this machine's address.
+    last_use = row.locator("td").nth(3)
+    expect(last_use.locator("time")).to_have_attribute("datetime", re.compile(r"^\d{4}-\d\d-\d\dT"))
+    expect(last_use).to_contain_text("from 127.0.0.1")
+    used = last_use.locator("time").get_attribute("datetime")
+    assert used is not None
+    client.get_model_repository_index(headers={"Authorization": f"Bearer {secret}"})
+    page.reload()
+    later = page.get_by_role("row", name=re.compile("^line-3-camera")).locator("td").nth(3).locator("time")
+    assert (later.get_attribute("datetime") or "") > used  # every use moves it, whatever was written when
     assert_accessible(page)
     screenshot(page, "console-admin-tokens")
 

@@ -73,6 +73,8 @@ def test_every_http_route_has_its_tritons_category() -> None:
         "/v2/edged/models/{model}/upload": Category.MODEL_REPOSITORY,
         "/v2/edged/models/{model}/versions/{version}/activate": Category.MODEL_REPOSITORY,
         "/v2/edged/models/{model}/rollback": Category.MODEL_REPOSITORY,
+        "/v2/edged/models/{model}": Category.MODEL_REPOSITORY,
+        "/v2/edged/models/{model}/versions/{version}": Category.MODEL_REPOSITORY,
         "/v2/openapi.json": Category.METADATA,
         "/v2/edged/sync": Category.MODEL_REPOSITORY,
         "/v2/edged/sync/now": Category.MODEL_REPOSITORY,
@@ -114,6 +116,7 @@ class _Store:
     def __init__(self, *records: TokenRecord) -> None:
         self.records = {record.token_id: record for record in records}
         self.lookups = 0
+        self.touches: list[tuple[str, datetime, str | None]] = []
 
     def find_token(self, token_id: str) -> TokenRecord | None:
         self.lookups += 1
@@ -127,6 +130,9 @@ class _Store:
 
     def revoke_token(self, name: str) -> bool:
         return False
+
+    def touch_token(self, token_id: str, at: datetime, peer: str | None) -> None:
+        self.touches.append((token_id, at, peer))
 
 
 def _caller(peer: str, **headers: str) -> Caller:
@@ -245,6 +251,43 @@ def test_tokens_are_looked_up_at_most_every_two_seconds_and_expire() -> None:
     assert verifier.verify(expired.secret) is None
     assert verifier.verify(current.secret[:-2]) is None  # the secret is checked, not just the id
     assert verifier.verify("edged__") is None and verifier.verify("bearer") is None
+
+
+def test_a_tokens_last_use_is_written_at_most_once_a_minute_and_shown_at_once() -> None:
+    now = [100.0]
+    wall = [datetime(2026, 12, 1, 12, 0, tzinfo=UTC)]
+    token = new_token("ci", Role.OPERATOR, None)
+    store = _Store(token.record)
+    verifier = TokenVerifier(store, clock=lambda: now[0], wall=lambda: wall[0], run_write=lambda write: write())
+    assert verifier.list()[0].last_used_at is None
+    assert verifier.verify(token.secret, "192.0.2.7") is not None
+    assert store.touches == [(token.record.token_id, wall[0], "192.0.2.7")]  # the first use is written at once
+    for _ in range(1000):  # a busy client: one use after another, none written
+        now[0] += 0.001
+        wall[0] += timedelta(milliseconds=1)
+        assert verifier.verify(token.secret, "192.0.2.8") is not None
+    assert len(store.touches) == 1
+    # The list shows the newest use from memory, newer than the stored one.
+    [view] = verifier.list()
+    assert (view.last_used_at, view.last_used_peer) == (wall[0], "192.0.2.8")
+    # A minute after the last write, the next use is written.
+    now[0] += 60.0
+    wall[0] += timedelta(minutes=1)
+    verifier.verify(token.secret, "192.0.2.9")
+    assert len(store.touches) == 2 and store.touches[-1] == (token.record.token_id, wall[0], "192.0.2.9")
+    # Invalid tokens record nothing.
+    assert verifier.verify(token.secret[:-2], "192.0.2.10") is None
+    assert len(store.touches) == 2 and verifier.list()[0].last_used_peer == "192.0.2.9"
+
+
+def test_a_failed_write_of_a_last_use_fails_no_request() -> None:
+    class Failing(_Store):
+        def touch_token(self, token_id: str, at: datetime, peer: str | None) -> None:
+            raise OSError("disk full")
+
+    token = new_token("ci", Role.ADMIN, None)
+    verifier = TokenVerifier(Failing(token.record), run_write=lambda write: write())
+    assert verifier.verify(token.secret, "192.0.2.1") == token.record
 
 
 def test_parsers() -> None:

@@ -245,7 +245,6 @@ def test_a_database_of_schema_0004_is_upgraded_and_keeps_its_history(tmp_path: P
             "VALUES (1, 1, 'READY', NULL, 'api', '', '2026-01-01 00:00:00.000000', 0.5, 'token:ci')"
         )
     connection.close()
-    assert HEAD_REVISION == "0005"
     with StateStore.open(tmp_path) as store:
         store.add_audit(
             AuditRecord(datetime(2026, 2, 1, tzinfo=UTC), "cli", "user-create", "alice", "done", "", None, "cli")
@@ -256,7 +255,7 @@ def test_a_database_of_schema_0004_is_upgraded_and_keeps_its_history(tmp_path: P
     assert events[1].actor == "token:ci" and events[1].at == datetime(2026, 1, 1, tzinfo=UTC)
     connection = sqlite3.connect(db)
     try:
-        assert connection.execute("SELECT version_num FROM alembic_version").fetchall() == [("0005",)]
+        assert connection.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD_REVISION,)]
         indexes = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     finally:
         connection.close()

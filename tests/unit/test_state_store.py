@@ -163,6 +163,27 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_history(tmp_pa
     assert _query(db, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
 
 
+def test_tokens_of_schema_0005_keep_their_rows_and_record_their_last_use(tmp_path: Path) -> None:
+    db = tmp_path / DB_NAME
+    _migrate(db, "0005")
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "INSERT INTO api_tokens (token_id, name, role, secret_sha256, created_at) "
+            "VALUES ('0123456789abcdef', 'ci', 'operator', 'ff', '2026-01-01 00:00:00.000000')"
+        )
+    connection.close()
+    with StateStore.open(tmp_path) as store:
+        [token] = store.tokens()
+        assert (token.name, token.last_used_at, token.last_used_peer) == ("ci", None, None)
+        used = datetime(2026, 2, 1, 12, 0, tzinfo=UTC)
+        store.touch_token("0123456789abcdef", used, "192.0.2.7")
+        # Never back: an older use written later (another daemon's, a slow write) leaves the newer one.
+        store.touch_token("0123456789abcdef", used - timedelta(minutes=5), "192.0.2.8")
+        found = store.find_token("0123456789abcdef")
+        assert found is not None and (found.last_used_at, found.last_used_peer) == (used, "192.0.2.7")
+    assert _query(db, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+
+
 def test_a_database_at_head_opens_without_alembic(tmp_path: Path) -> None:
     script = (
         "import sys; from pathlib import Path; from edged.state.store import StateStore\n"

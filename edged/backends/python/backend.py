@@ -399,6 +399,10 @@ class PythonModel:
     def crash_count(self) -> int:
         return sum(instance.crashes for instance in self._instances)
 
+    def instance_processes(self) -> list[tuple[str, int]]:
+        """Each running stub's instance name and process id (edged.core.model_memory reads their memory)."""
+        return [(instance.name, pid) for instance in self._instances if (pid := instance.pid) is not None]
+
     def unload(self) -> None:
         """finalize in every stub at once, then wait for each (killed past the stub timeout)."""
         self._dispatcher.fail_waiting(EdgedError(ErrorCode.UNAVAILABLE, "the model is unloading"))

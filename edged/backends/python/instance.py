@@ -102,6 +102,12 @@ class PythonInstance:
         return self._name
 
     @property
+    def pid(self) -> int | None:
+        """The stub's process id while it runs; None between a crash and its restart, and once stopped."""
+        stub = self._stub
+        return stub.process.pid if stub is not None and not stub.gone else None
+
+    @property
     def available(self) -> bool:
         """Whether a batch sent now goes straight to a running stub (on the event loop)."""
         stub = self._stub

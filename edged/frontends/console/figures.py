@@ -24,12 +24,24 @@ class ModelFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFigures:
+    uuid: str
+    utilization: float | None  # 0..1
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceFigures:
-    cpu_utilization: float | None  # 0..1
+    cpu_utilization: float | None  # 0..1, the host's
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     # Errors a second answered for no served model (an unknown model or version): counted for the device only.
     unknown_model_error_rate: float = 0.0
+    # What edged's own processes (the daemon and those it started) use: CPU as a share of all the host's CPUs.
+    edged_cpu_utilization: float | None = None
+    edged_memory_bytes: int | None = None
+    gpus: tuple[GpuFigures, ...] = ()
 
 
 NO_TRAFFIC = ModelFigures(0.0, 0.0, None, None)
@@ -54,9 +66,21 @@ def device_figures(service: InferenceService, now: float | None = None) -> Devic
     history = _recent(service, now)
     device = history.get("device", {})
     cpu = _mean(device.get("cpu_utilization", []))
-    memory = [v for v in device.get("memory_used_bytes", []) if v is not None]
+    memory = _latest(device.get("memory_used_bytes", []))
     unknown = _mean(history.get("unknown_model_error_rate", [])) or 0.0
-    return DeviceFigures(cpu, memory[-1] if memory else None, device.get("memory_total_bytes"), unknown)
+    gpus = tuple(
+        GpuFigures(uuid, _mean(gpu["utilization"]), _latest(gpu["memory_used_bytes"]), gpu["memory_total_bytes"])
+        for uuid, gpu in device.get("gpus", {}).items()
+    )
+    return DeviceFigures(
+        cpu,
+        memory,
+        device.get("memory_total_bytes"),
+        unknown,
+        _mean(device.get("edged_cpu_utilization", [])),
+        _latest(device.get("edged_memory_used_bytes", [])),
+        gpus,
+    )
 
 
 def _recent(service: InferenceService, now: float | None) -> dict[str, Any]:
@@ -64,6 +88,12 @@ def _recent(service: InferenceService, now: float | None) -> dict[str, Any]:
         return service.metrics_history(None, (now if now is not None else time.time()) - WINDOW_S)
     except Exception:
         return {}
+
+
+def _latest(values: list[int | None]) -> int | None:
+    """Memory is as of the newest point that has it (a mean of a few seconds says nothing more)."""
+    present = [v for v in values if v is not None]
+    return present[-1] if present else None
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -95,6 +125,19 @@ def size(value: int | None) -> str:
     return f"{amount:.1f} GiB"
 
 
+def percent(value: float | None) -> str:
+    """A share (0..1) as ``12 %``; an en dash for no value."""
+    if value is None or not math.isfinite(value):
+        return "\u2013"
+    return f"{value * 100:.1f} %" if 0 < value < 0.1 else f"{value * 100:.0f} %"
+
+
+def celsius(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "\u2013"
+    return f"{value:.0f} \u00b0C"
+
+
 def duration(seconds: float) -> str:
     """``3 d 4 h``, ``2 h 5 min``, ``4 min 10 s``, ``12 s``."""
     total = max(0, int(seconds))
@@ -110,4 +153,11 @@ def duration(seconds: float) -> str:
     return f"{secs} s"
 
 
-FILTERS = {"rate": rate, "ms": milliseconds, "size": size, "duration": duration}
+FILTERS = {
+    "rate": rate,
+    "ms": milliseconds,
+    "size": size,
+    "duration": duration,
+    "percent": percent,
+    "celsius": celsius,
+}

@@ -91,7 +91,14 @@ async def _model_page(
     values = await _live(service, model, offset) | {"result": result, "tried": tried}
     host = request.url.hostname or "localhost"
     example = signature(service, name, host, context.http_port, context.grpc_port)
-    return render(request, "model.html", config_text=service.model_config_text(name), example=example, **values)
+    return render(
+        request,
+        "model.html",
+        config_text=service.model_config_text(name),
+        example=example,
+        model_memory=service.model_memory(name),
+        **values,
+    )
 
 
 @post("/models/{name:str}/try", guards=[auth.csrf], status_code=200)

@@ -4,6 +4,7 @@ moves, which htmx reloads every few seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
     figures = model_figures(service)
     device = device_figures(service)
     events, _total = await service.model_history(None, 0, RECENT_EVENTS)
+    # statvfs and sysfs reads: off the event loop (a hwmon chip may be asked over I2C).
+    conditions = await asyncio.to_thread(service.device_conditions)
     states = Counter(model.state or "NOT LOADED" for model in models)
     return {
         "live": service.is_live(),
@@ -57,6 +60,8 @@ async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "control_mode": service.control_mode,
         "devices": _devices(service, models),
         "device": device,
+        # The Device card (overview_device.html): disk space and temperatures; None when the daemon reads none.
+        "conditions": conditions,
         "models": models,
         "states": sorted(states.items()),
         # Requests for no served model are traffic too, every one answered with an error.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edged.core.metrics_history import DeviceSample, GpuSample
+from edged.core.processes import ProcessTreeUsage
 from edged.frontends.metrics.exposition import Family
 
 log = logging.getLogger(__name__)
@@ -243,7 +244,8 @@ class SystemMetrics:
 
 class DeviceReader:
     """The device as the metrics history samples it every second (edged.core.metrics_history.DeviceReader): CPU
-    utilization since the previous reading, memory, and each GPU. Its own readings, apart from SystemMetrics',
+    utilization since the previous reading, memory, and each GPU; and edged's own processes' CPU and memory (read
+    with the host's, under the same --allow-cpu-metrics). Its own readings, apart from SystemMetrics',
     whose interval is --metrics-interval-ms and which runs only while the metrics endpoint does. Blocking: called
     from a worker thread, one call at a time."""
 
@@ -251,21 +253,31 @@ class DeviceReader:
         self._cpu = cpu
         self._nvml = Nvml.open() if gpu else None
         self._cpu_times = read_cpu_times() if cpu else None
+        self._own = ProcessTreeUsage() if cpu else None
+        if self._own is not None:
+            self._own.read()  # the baseline: the first point has edged's CPU since now
 
     def read(self) -> DeviceSample:
         utilization: float | None = None
         memory: tuple[int, int] | None = None
+        own_cpu: float | None = None
+        own_memory: int | None = None
         if self._cpu:
             times = read_cpu_times()
             previous, self._cpu_times = self._cpu_times, times
             if previous is not None and times is not None and times.total > previous.total:
                 utilization = (times.busy - previous.busy) / (times.total - previous.total)
             memory = read_memory()
+        if self._own is not None:
+            own = self._own.read()
+            own_cpu, own_memory = own.cpu_utilization, own.rss_bytes
         gpus = tuple(
             GpuSample(gpu.uuid, gpu.utilization, gpu.memory_total, gpu.memory_used)
             for gpu in (self._nvml.poll() if self._nvml is not None else ())
         )
-        return DeviceSample(utilization, memory[0] if memory else None, memory[1] if memory else None, gpus)
+        return DeviceSample(
+            utilization, memory[0] if memory else None, memory[1] if memory else None, gpus, own_cpu, own_memory
+        )
 
     def close(self) -> None:
         if self._nvml is not None:
