@@ -12,6 +12,9 @@
 - with ``--log-file`` plain text is appended to that file;
 - otherwise plain text goes to stderr.
 
+Beside that handler ``configure`` puts a ``LogRing`` (edged.log_ring): the last lines, bounded, in memory, which the
+console's log page shows when there is no journal it can read.
+
 The settings of Triton's logging extension (``log_info``, ``log_warning``, ``log_error``, ``log_verbose_level``,
 ``log_format``) are read by the handler at each record, so ``update`` changes what is written at once, from any
 frontend. ``log_file`` is fixed at start-up: nothing received over the network may choose a path the daemon writes.
@@ -38,6 +41,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TextIO, TypeVar
+
+from edged.log_ring import LogRing
 
 LogFormat = Literal["default", "ISO8601"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("default", "ISO8601")
@@ -191,6 +196,12 @@ def _systemd_sender() -> Callable[[Mapping[str, str]], None] | None:
     return send
 
 
+def record_model(record: logging.LogRecord) -> str:
+    """The model a record names in its MODEL field (its own, or the context's), "" when none."""
+    value = getattr(record, _FIELD_ATTRIBUTES["MODEL"], None) or (_context.get() or {}).get(_FIELD_ATTRIBUTES["MODEL"])
+    return str(value) if value else ""
+
+
 def under_journal(stream: TextIO, environ: Mapping[str, str]) -> bool:
     """Whether ``stream`` is the journal stream systemd connected us to (``JOURNAL_STREAM=<dev>:<inode>``); a
     stderr redirected elsewhere by a child of the service no longer matches."""
@@ -210,6 +221,8 @@ class _State:
     def __init__(self) -> None:
         self.settings = LogSettings()
         self.handler: logging.Handler | None = None
+        # Made at the first configure and kept (with its lines) when a process configures again.
+        self.ring: LogRing | None = None
 
 
 _state = _State()
@@ -267,6 +280,11 @@ class JournalHandler(logging.Handler):
         self._failed = False
         self.addFilter(_allowed)
 
+    @property
+    def failed(self) -> bool:
+        """Whether journald refused an entry, which then went to stderr as text."""
+        return self._failed
+
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._send(journal_fields(record, self._fallback.formatter))
@@ -319,6 +337,11 @@ def configure(
     reset()
     logging.getLogger().addHandler(handler)
     _state.handler = handler
+    if _state.ring is None:
+        # The same lines the daemon's log gets (the level toggles apply to both).
+        _state.ring = LogRing(model_of=record_model)
+        _state.ring.addFilter(_allowed)
+    logging.getLogger().addHandler(_state.ring)
     _state.settings = LogSettings(log_file, log_info, log_warning, log_error, 0, log_format)
     settings = update(log_verbose_level=verbose)
     if unreachable_journal:
@@ -332,6 +355,8 @@ def reset() -> None:
         logging.getLogger().removeHandler(_state.handler)
         _state.handler.close()
         _state.handler = None
+    if _state.ring is not None:
+        logging.getLogger().removeHandler(_state.ring)
     _state.settings = LogSettings()
     _apply_verbose_level(0)
 
@@ -352,6 +377,17 @@ def toggle(name: Toggle, value: bool) -> LogSettings:
 
 def current() -> LogSettings:
     return _state.settings
+
+
+def ring() -> LogRing | None:
+    """The last lines logged, kept in memory; None before ``configure``."""
+    return _state.ring
+
+
+def journal_in_use() -> bool:
+    """Whether the lines go to journald as entries (and it has not refused one): the journal then holds the log."""
+    handler = _state.handler
+    return isinstance(handler, JournalHandler) and not handler.failed
 
 
 def update(

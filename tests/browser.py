@@ -220,3 +220,41 @@ def screenshot(page: Page, name: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=path, full_page=True)
     return path
+
+
+# What clips content at the page's width, measured in the page: the document wider than the viewport (the page
+# scrolls sideways as a whole), and any table cell that lies past the right edge of a box that neither scrolls nor
+# lets it show (an ancestor with overflow hidden or clip, or the viewport itself).
+_CLIPPED: Final = """() => {
+  const width = document.documentElement.clientWidth;
+  const problems = [];
+  if (document.documentElement.scrollWidth > width + 1) {
+    problems.push(`the page is ${document.documentElement.scrollWidth}px wide in a ${width}px viewport`);
+  }
+  for (const cell of document.querySelectorAll("th, td")) {
+    const right = cell.getBoundingClientRect().right;
+    let box = cell.parentElement;
+    let scrolls = false;
+    while (box && box !== document.body) {
+      const style = getComputedStyle(box);
+      if (["auto", "scroll"].includes(style.overflowX)) { scrolls = true; break; }
+      if (["hidden", "clip"].includes(style.overflowX) && right > box.getBoundingClientRect().right + 1) {
+        const where = `${box.tagName.toLowerCase()}.${box.className}`;
+        problems.push(`${cell.textContent.trim().slice(0, 30)} is cut by ${where}`);
+        break;
+      }
+      box = box.parentElement;
+    }
+    if (!scrolls && right > width + 1) {
+      const text = cell.textContent.trim().slice(0, 30);
+      problems.push(`${text} ends at ${Math.round(right)}px, past the ${width}px viewport`);
+    }
+  }
+  return problems;
+}"""
+
+
+def clipped(page: Page) -> list[str]:
+    """What the page cuts off at its width (see _CLIPPED): empty when every table either fits or scrolls in its box."""
+    problems: list[str] = page.evaluate(_CLIPPED)
+    return problems

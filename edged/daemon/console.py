@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
 from edged.daemon.endpoints import UvicornEndpoint, console_config
 from edged.frontends.console import ConsoleContext, create_console_app
+from edged.frontends.console.pages import CodeWhere
 
 if TYPE_CHECKING:
     import socket
@@ -68,6 +70,7 @@ def console_part(
         started_at=time.time(),
         audit=audit,
         device_name=settings.device_id or "",
+        setup_code_where=_setup_code_where(settings),
         http_port=settings.http_port,
         grpc_port=settings.grpc_port,
     )
@@ -76,3 +79,13 @@ def console_part(
     host = "localhost" if address in ("0.0.0.0", "::", "") else address
     url = f"{'https' if secure else 'http'}://{host}:{settings.console_port}"
     return ConsolePart(config, sock, accounts, url)
+
+
+def _setup_code_where(settings: Settings) -> CodeWhere:
+    """Where the first-run setup code is written, for the way edged was started: its log file, the journal under
+    systemd (which sets INVOCATION_ID for the processes of a unit), or the terminal it was started in."""
+    if settings.log_file is not None:
+        return CodeWhere(f"in edged's log file, {settings.log_file}", f'grep "setup code" {settings.log_file}')
+    if os.environ.get("INVOCATION_ID"):
+        return CodeWhere("in the journal", 'journalctl -u edged | grep "setup code"')
+    return CodeWhere("in the terminal edged was started from, among its first lines")

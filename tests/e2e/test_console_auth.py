@@ -61,18 +61,41 @@ def _form_from(address: str, port: int, path: str, fields: dict[str, str]) -> in
 def test_first_run_setup_with_the_code_from_the_log(bundled_repository: Path, tmp_path: Path, browser: Browser) -> None:
     # Unchecked for console errors: the refused setup answers 401, which Chromium logs; the rest is checked below.
     with (
-        run_server([bundled_repository], "--state-dir", str(tmp_path / "state")) as server,
+        # Started from a terminal (not a systemd unit, whatever runs the tests).
+        run_server(
+            [bundled_repository], "--state-dir", str(tmp_path / "state"), environment={"INVOCATION_ID": None}
+        ) as server,
         open_page(browser, check=False) as watched,
     ):
         page = watched.page
         found = SETUP_CODE.search(server.log())
         assert found is not None, server.log()
         base = server.console_url
-        # Every page leads to the setup while no user exists.
+        # Every page leads to the setup while no user exists, which says where the code is for how edged started.
         page.goto(f"{base}/")
         page.wait_for_url(f"{base}/setup")
+        expect(page.locator("#code-where")).to_have_text(
+            "The code is in the terminal edged was started from, among its first lines."
+        )
         assert_accessible(page)
         screenshot(page, "console-setup")
+        # Every problem at once, and what was typed kept.
+        page.get_by_label("Setup code").fill("AAAA-BBBB-CCCC-DDDD")
+        page.get_by_label("Administrator's user name").fill("root user")
+        page.get_by_label("Password", exact=False).first.fill("short")
+        page.get_by_label("Password again").fill("shorter")
+        page.locator("form.stack").evaluate("form => form.noValidate = true")  # past the browser's own checks
+        page.get_by_role("button", name="Create the administrator").click()
+        problems = page.get_by_role("alert").locator("li")
+        expect(problems).to_have_text(
+            [
+                "a user name is 1 to 64 characters among letters, digits and . _ @ -",
+                "a password needs at least 12 characters",
+                "the two passwords differ",
+            ]
+        )
+        expect(page.get_by_label("Setup code")).to_have_value("AAAA-BBBB-CCCC-DDDD")
+        expect(page.get_by_label("Administrator's user name")).to_have_value("root user")
         page.get_by_label("Setup code").fill("AAAA-BBBB-CCCC-DDDD")
         page.get_by_label("Administrator's user name").fill("root")
         page.get_by_label("Password", exact=False).first.fill(PASSWORD)
@@ -81,6 +104,7 @@ def test_first_run_setup_with_the_code_from_the_log(bundled_repository: Path, tm
             page.get_by_role("button", name="Create the administrator").click()
         assert refused.value.status == 401
         expect(page.get_by_role("alert")).to_contain_text("setup code is wrong")
+        expect(page.get_by_label("Setup code")).to_have_value("AAAA-BBBB-CCCC-DDDD")  # to correct, not retype
 
         page.get_by_label("Setup code").fill(found.group(1).lower())  # typed as read: case does not matter
         page.get_by_label("Password", exact=False).first.fill(PASSWORD)
@@ -98,6 +122,16 @@ def test_first_run_setup_with_the_code_from_the_log(bundled_repository: Path, tm
             {"code": found.group(1), "name": "second", "password": PASSWORD, "password_again": PASSWORD},
         )
         assert status == 401
+
+
+def test_the_setup_page_says_where_the_code_is(bundled_repository: Path, tmp_path: Path) -> None:
+    # Logging to a file: the page names the file and the command that finds the code in it.
+    log_file = tmp_path / "edged.log"
+    with run_server([bundled_repository], "--state-dir", str(tmp_path / "state"), f"--log-file={log_file}") as s:
+        status, _, text = raw(s.console_port, "GET", "/setup")
+    assert status == 200
+    assert f"The code is in edged&#39;s log file, {log_file}: <code>grep &#34;setup code&#34; {log_file}" in text
+    assert "setup code" in log_file.read_text(encoding="utf-8")
 
 
 def test_no_setup_code_is_logged_once_a_user_exists(console: Server) -> None:

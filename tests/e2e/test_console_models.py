@@ -229,6 +229,23 @@ def test_a_model_page_shows_its_tensors_and_requests_that_run(server: Server, pa
     expect(page.locator("section[aria-labelledby=try-h]")).to_contain_text("known once a version serves")
 
 
+def test_the_overview_names_the_models_that_hold_readiness(
+    server: Server, page: Page, client: httpclient.InferenceServerClient
+) -> None:
+    # "broken" was loaded with the rest and failed: under strict readiness the device is not ready, and says why.
+    assert not client.is_server_ready()
+    browser_login(page, server.console_url, "vera")
+    page.goto(server.console_url + "/")
+    holding = page.locator("#not-ready")
+    expect(holding).to_contain_text("Not ready because 1 model that should serve does not:")
+    item = holding.locator("li")
+    expect(item).to_have_count(1)
+    expect(item.get_by_role("link", name="broken")).to_have_attribute("href", "/models/broken")
+    expect(item.locator(".state")).to_have_text("unavailable")
+    expect(item).to_contain_text("dimension must be integer >= 1")  # the config's error, in the loader's words
+    assert_accessible(page)
+
+
 def test_unknown_model_is_not_found(server: Server) -> None:
     vera = http_login(server.console_port, "vera")
     status, _, text = vera.request("GET", "/models/no_such_model")

@@ -79,6 +79,14 @@ class ModelSummary:
         )
 
     @property
+    def why(self) -> str:
+        """Why it is not serving, in its own or its first failed version's words ("" when nothing says)."""
+        if self.reason:
+            return self.reason
+        failed = (v for v in self.versions if v.state == ModelState.UNAVAILABLE.value and not v.retired)
+        return next((f"version {v.number}: {v.reason}" for v in failed if v.reason), "")
+
+    @property
     def label(self) -> str:
         """The word a person reads for its state: a model unloaded on purpose is "unloaded", not "unavailable"."""
         if not self.state:

@@ -18,7 +18,7 @@ from litestar.template.config import TemplateConfig
 
 from edged import __version__
 from edged.errors import EdgedError
-from edged.frontends.console import admin, auth, history, live, models, overview, sync, uploads
+from edged.frontends.console import admin, auth, history, live, logs, models, overview, sync, theme, uploads
 from edged.frontends.console.pages import ConsoleContext, LoginNeeded, RoleNeeded, is_htmx, render
 from edged.frontends.console.templates import LazyJinja
 from edged.frontends.statuses import status_for
@@ -63,6 +63,7 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
             *sync.ROUTES,
             *history.ROUTES,
             *admin.ROUTES,
+            *logs.ROUTES,
         ],
         guards=[auth.viewer],
     )
@@ -74,7 +75,16 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
         include_in_schema=False,
     )
     app = Litestar(
-        route_handlers=[auth.login_page, auth.login, auth.setup_page, auth.setup, auth.logout, pages, static],
+        route_handlers=[
+            auth.login_page,
+            auth.login,
+            auth.setup_page,
+            auth.setup,
+            auth.logout,
+            *theme.ROUTES,
+            pages,
+            static,
+        ],
         template_config=TemplateConfig(directory=root / "templates", engine=LazyJinja),
         exception_handlers={HTTPException: _http_error, EdgedError: _edged_error},
         openapi_config=None,

@@ -21,7 +21,14 @@ from litestar.exceptions import ClientException, PermissionDeniedException
 from litestar.response import Redirect, Template
 
 from edged.core.access import Role
-from edged.core.accounts import ABSOLUTE_S, AccountError, LoginRefused, NewSession
+from edged.core.accounts import (
+    ABSOLUTE_S,
+    AccountError,
+    LoginRefused,
+    NewSession,
+    name_problem,
+    password_problem,
+)
 from edged.frontends.bodies import unknown_fields
 from edged.frontends.console.history import record
 from edged.frontends.console.pages import LoginNeeded, RoleNeeded, console, may, render, session_of
@@ -113,14 +120,14 @@ def known_fields(form: Any, what: str, *known: str) -> None:
 async def login_page(request: Request[Any, Any, Any], next: str = "/") -> Template | Redirect:
     if await _no_user_yet(request):
         return Redirect("/setup")
-    return render(request, "login.html", next=_local(next), message=None)
+    return render(request, "login.html", next=local_path(next), message=None)
 
 
 @post("/login", status_code=303)
 async def login(request: Request[Any, Any, Any]) -> Response[Any]:
     _same_origin(request)
     form = await request.form()
-    name, password, target = _field(form, "name"), _field(form, "password"), _local(_field(form, "next"))
+    name, password, target = _field(form, "name"), _field(form, "password"), local_path(_field(form, "next"))
     accounts = console(request).accounts
     outcome = await asyncio.to_thread(accounts.login, name, password, _peer(request))
     return _logged_in(request, outcome, "login.html", target, name=name)
@@ -130,7 +137,7 @@ async def login(request: Request[Any, Any, Any]) -> Response[Any]:
 async def setup_page(request: Request[Any, Any, Any]) -> Template | Redirect:
     if not await _no_user_yet(request):
         return Redirect("/login")
-    return render(request, "setup.html", message=None, name="")
+    return render(request, "setup.html", message=None, name="", code="")
 
 
 @post("/setup", status_code=303)
@@ -140,14 +147,25 @@ async def setup(request: Request[Any, Any, Any]) -> Response[Any]:
     known_fields(form, "setup", "code", "name", "password", "password_again")
     code, name = _field(form, "code").strip().upper(), _field(form, "name").strip()
     password, again = _field(form, "password"), _field(form, "password_again")
-    if password != again:
-        return render(request, "setup.html", status_code=400, message="the two passwords differ", name=name)
+    # Every problem at once, and what was typed kept (the code above all, read off a log with some effort).
+    problems = [
+        problem
+        for problem in (
+            "enter the setup code from the log" if not code else None,
+            name_problem(name),
+            password_problem(name, password),
+            "the two passwords differ" if password != again else None,
+        )
+        if problem is not None
+    ]
+    if problems:
+        return render(request, "setup.html", status_code=400, message=None, problems=problems, name=name, code=code)
     accounts = console(request).accounts
     try:
         outcome = await asyncio.to_thread(accounts.setup_first_admin, code, name, password, _peer(request))
     except AccountError as exc:
-        return render(request, "setup.html", status_code=400, message=str(exc), name=name)
-    return _logged_in(request, outcome, "setup.html", "/", name=name)
+        return render(request, "setup.html", status_code=400, message=str(exc), name=name, code=code)
+    return _logged_in(request, outcome, "setup.html", "/", name=name, code=code)
 
 
 @post("/logout", guards=[viewer, csrf], status_code=303)
@@ -200,8 +218,9 @@ def _field(form: Any, key: str) -> str:
     return value[:_FIELD_MAX] if isinstance(value, str) else ""
 
 
-def _local(target: str) -> str:
-    """Where to go after the login: a path of this console only (never ``//elsewhere`` or a full URL)."""
+def local_path(target: str) -> str:
+    """Where to go after the login (or a theme change): a path of this console only (never ``//elsewhere`` or a
+    full URL)."""
     parts = urlsplit(target)
     if not target.startswith("/") or target.startswith("//") or parts.scheme or parts.netloc or "\\" in target:
         return "/"

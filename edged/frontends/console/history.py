@@ -87,6 +87,7 @@ async def history_page(
         request,
         "history.html",
         events=events,
+        rows=fold(events),
         total=total,
         page=page,
         pages=pages,
@@ -96,6 +97,7 @@ async def history_page(
         models=sorted(summary.name for summary in context.service.model_summaries()),
         kept=context.audit is not None and context.audit.enabled,
         who=who,
+        word=word,
     )
 
 
@@ -119,6 +121,86 @@ async def history_csv(request: Request[Any, Any, Any], model: str = "", user: st
         media_type="text/csv",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )
+
+
+# Folding: the events one action made (an activation's loads and unloads, an upload and the load it led to) are one
+# row, the action's, with its steps under it. Events fold together when they are of one model, by one actor through
+# one source, each within FOLD_WINDOW_S of the one before, and no second action or new load begins among them.
+FOLD_WINDOW_S: Final = 60.0
+# The events that name an action, most telling first: a row shows the first of these it holds.
+_HEADS: Final = ("ACTIVATED", "ROLLED_BACK", "UPLOADED", "UPLOAD_REMOVED", "DELETED", "PROBATION_ENDED", "SERVING")
+_ACTIONS: Final = frozenset(_HEADS)
+# The actions a person (or a probation) decided, each a row of its own; "now serving" is what a load ended in.
+_DECIDED: Final = _ACTIONS - {"SERVING"}
+# Then what a load or an unload ended in.
+_OUTCOMES: Final = ("UNAVAILABLE", "READY", "UNLOADED")
+# Plain words for the states and actions the history records (any other is lower case, '_' as a space).
+_WORDS: Final = {"SERVING": "now serving", "UPLOAD_REMOVED": "upload removed", "PROBATION_ENDED": "probation ended"}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of the history: an event, and the events folded under it (its steps, oldest first; empty when it
+    stands alone)."""
+
+    head: Event
+    steps: tuple[Event, ...] = ()
+
+
+def fold(events: list[Event]) -> list[Row]:
+    """The rows of ``events`` (newest first, as the page lists them), newest first."""
+    rows: list[Row] = []
+    group: list[Event] = []
+    for event in reversed(events):  # oldest first: an action's steps come in the order they happened
+        if event.kind == "transition" and group and _continues(group, event):
+            group.append(event)
+            continue
+        if group:
+            rows.append(_row(group))
+        group = [event] if event.kind == "transition" else []
+        if event.kind != "transition":
+            rows.append(Row(event))
+    if group:
+        rows.append(_row(group))
+    rows.reverse()
+    return rows
+
+
+def _continues(group: list[Event], event: Event) -> bool:
+    first, last = group[0], group[-1]
+    if (event.target, event.actor, event.source) != (first.target, first.actor, first.source):
+        return False
+    if (event.at - last.at).total_seconds() > FOLD_WINDOW_S:
+        return False
+    decided = event.action in _DECIDED and any(step.action in _DECIDED for step in group)
+    if decided or any(step.action == event.action for step in group if step.action in _ACTIONS):
+        return False  # one action per row (a load's "now serving" belongs to the upload that led to it)
+    if event.action in ("UPLOADED", "DELETED"):
+        return False
+    loads = any(step.action == "LOADING" and step.version is None for step in group)
+    if event.action == "LOADING" and event.version is None:
+        # A new load, unless it is the one an upload just led to.
+        return all(step.action == "UPLOADED" for step in group)
+    if event.action == "UNLOADING":
+        if loads:
+            # A load retires the versions it replaces; one it brought up itself is unloaded by a later action.
+            return event.version not in {step.version for step in group if step.action == "READY"}
+        return all(step.action in ("UNLOADING", "UNLOADED") for step in group)
+    return True
+
+
+def _row(group: list[Event]) -> Row:
+    if len(group) == 1:
+        return Row(group[0])
+    ranked = [*_HEADS, *_OUTCOMES]
+    newest_first = list(reversed(group))
+    head = min(newest_first, key=lambda e: ranked.index(e.action) if e.action in ranked else len(ranked))
+    return Row(head, tuple(group))
+
+
+def word(action: str) -> str:
+    """The plain word for a recorded state or action: ``rolled back``, ``upload removed``, ``now serving``."""
+    return _WORDS.get(action, action.lower().replace("_", " "))
 
 
 def who(event: Event) -> str:

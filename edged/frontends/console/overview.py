@@ -63,6 +63,9 @@ async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
         # The Device card (overview_device.html): disk space and temperatures; None when the daemon reads none.
         "conditions": conditions,
         "models": models,
+        # What keeps the device from being ready (strict readiness): the models that should serve and do not.
+        "holding": [model for model in models if model.wanted and model.state != "READY"],
+        "starting": not service.started,
         "states": sorted(states.items()),
         # Requests for no served model are traffic too, every one answered with an error.
         "request_rate": sum(f.request_rate for f in figures.values()) + device.unknown_model_error_rate,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
 
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.response import Template
@@ -28,6 +28,14 @@ RANK: dict[Role, int] = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
 
 
 @dataclass(frozen=True, slots=True)
+class CodeWhere:
+    """Where the setup code is: in words, and the command that shows it (None when there is none to run)."""
+
+    text: str
+    command: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ConsoleContext:
     """What the console works with, given by the daemon. ``secure``: served over TLS (the cookie is then Secure and
     named with the __Host- prefix); ``started_at``: the daemon's start (wall clock), for the uptime; ``audit``: the
@@ -41,6 +49,8 @@ class ConsoleContext:
     audit: AuditLog | None = None
     # The device's name (--device-id, else the host name), which the header shows: a fleet's consoles look alike.
     device_name: str = ""
+    # Where the first-run setup code was written, for the setup page: the log's place for how edged was started.
+    setup_code_where: CodeWhere = field(default_factory=lambda: CodeWhere("in the log edged wrote when it started"))
     # The inference endpoints' ports, for the example requests a model's page shows.
     http_port: int = 8000
     grpc_port: int = 8001
@@ -92,6 +102,18 @@ def acting(session: Session) -> Iterator[None]:
         ACTOR.reset(token)
 
 
+# The light/dark choice a person made beside the system's (edged.frontends.console.theme), in the order its button
+# moves through them; "" follows the system.
+THEME_COOKIE: Final = "edged_theme"
+THEME_CHOICES: Final = ("", "dark", "light")
+
+
+def theme_of(request: Request[Any, Any, Any]) -> str:
+    """The theme the page is drawn in: "dark", "light" or "" (the system's)."""
+    chosen = request.cookies.get(THEME_COOKIE, "")
+    return chosen if chosen in THEME_CHOICES else ""
+
+
 def render(request: Request[Any, Any, Any], template: str, *, status_code: int = 200, **values: Any) -> Template:
     """The template with what the page frame needs: who is logged in and what they may do, the CSRF token for
     its forms, which page is open, the version."""
@@ -105,6 +127,8 @@ def render(request: Request[Any, Any, Any], template: str, *, status_code: int =
         "version": __version__,
         "device_name": context.device_name or context.service.server_metadata().name,
         "path": request.url.path,
+        "theme": theme_of(request),
+        "setup_code_where": context.setup_code_where,
         "now": time.time(),
     }
     return Template(template_name=template, context=frame | values, status_code=status_code)
