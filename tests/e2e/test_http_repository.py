@@ -292,11 +292,17 @@ def test_a_model_without_versions_is_told_what_is_wrong_with_its_config_first(
         'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
         encoding="utf-8",
     )
+    # A model folder without a config.pbtxt: completed from the model, or (auto-complete off) named in Triton's words.
+    (repo / "no_config" / "1").mkdir(parents=True)
     flags = ["--strict-readiness=false", f"--state-dir={tmp_path / 'state'}"]
     if not auto_complete:
         flags.append("--disable-auto-complete-config")
     with run_server([repo], *flags) as server:
         reasons = {e["name"]: e["reason"] for e in _index(httpclient.InferenceServerClient(server.http_url))}
+        log = server.log()
+    if not auto_complete:
+        missing = "failed to open text file for read no_config/config.pbtxt: No such file or directory"
+        assert missing in reasons["no_config"] and missing in log, reasons["no_config"]
     assert reasons["unknown_backend"] == (
         "Invalid argument: Invalid model name: Could not determine backend for model 'unknown_backend' with no "
         "backend in model configuration. Expected model name of the form 'model.<backend_name>'."

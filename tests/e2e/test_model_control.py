@@ -449,6 +449,14 @@ def test_invalid_load_bodies(explicit: tuple[Server, Path, Path]) -> None:
     assert "the 'config' override is not a model config" in json.loads(reply.body)["error"]
     reply = request(server.http_url, "POST", "/v2/repository/models/waiting/load", "notjson")
     assert reply.status == 500
+    # Files without a config override: refused in Triton's words (the folder's config would describe other files).
+    files = {"file:1/model.onnx": base64.b64encode(b"x").decode()}
+    reply = post_json(server.http_url, path, {"parameters": files}, operator)
+    assert reply.status == 500
+    assert json.loads(reply.body)["error"] == (
+        "failed to load 'waiting', failed to poll from model repository: override files need a 'config' override "
+        "with them"
+    )
 
 
 def test_history_pages(explicit: tuple[Server, Path, Path]) -> None:

@@ -109,3 +109,15 @@ def test_versions_that_may_stay_where_they_run_are_planned_across_folders() -> N
     # Files that differ still load, wherever they are.
     folder = _folder(versions={1: VERSION_FILES, 2: (("model.onnx", 2000, 5),)})
     assert plan_versions(_loaded(), private, folder, _config(), [1, 2], movable=True).load == (2,)
+
+
+def test_a_changed_version_policy_keeps_the_versions_it_still_selects() -> None:
+    # The config file changed (its size and time), its content only in which versions it selects.
+    folder = _folder((("config.pbtxt", 140, 3), ("labels.txt", 10, 1)))
+    config = _config()
+    config.version_policy.specific.versions.extend([1, 2])
+    assert plan_versions(_loaded(), SOURCE, folder, config, [1, 2]) == VersionPlan(frozenset({1, 2}), frozenset(), ())
+    # ... and resizes them in place when their counts changed too.
+    config = _config(count=3)
+    config.version_policy.latest.num_versions = 2
+    assert plan_versions(_loaded(), SOURCE, folder, config, [1, 2]) == VersionPlan(frozenset(), frozenset({1, 2}), ())

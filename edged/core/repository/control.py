@@ -406,6 +406,8 @@ class ModelController:
         plan = plan_versions(old, source, folder, config, numbers, movable=movable)
         old_versions = dict(old.versions) if old is not None else {}
         kept = set(plan.keep)
+        for number in kept:
+            old_versions[number].config = config  # the same but perhaps for which versions it selects
         for number in sorted(plan.resize):
             if await self._resize(old_versions[number], source, config, origin):
                 kept.add(number)

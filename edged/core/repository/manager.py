@@ -286,9 +286,11 @@ class ModelRepositoryManager:
         elif self._options.auto_complete:
             config = ModelConfig()
         else:
+            # Triton's words first (scripts look for them), then why it was read at all.
             raise EdgedError(
                 ErrorCode.INVALID_ARG,
-                f"model configuration '{source.relative(config_path)}' is missing and auto-complete is disabled",
+                f"failed to open text file for read {source.relative(config_path)}: No such file or directory "
+                "(the model configuration is missing and auto-complete is disabled)",
             )
         if not config.name:
             config.name = source.name

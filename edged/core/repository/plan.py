@@ -51,7 +51,9 @@ def plan_versions(
                 continue
             if old.folder.versions.get(number) != folder.versions.get(number):
                 continue  # the version's own files changed
-            if current.config == config and old.folder.model == folder.model:
+            model_files_same = _without_config(old.folder.model) == _without_config(folder.model)
+            if model_files_same and _serving_part(current.config) == _serving_part(config):
+                # The config may differ in which versions it selects: this one is selected still, and kept as it is.
                 keep.add(number)
             elif (
                 current.config is not None
@@ -59,17 +61,31 @@ def plan_versions(
                 # A scheduler whose slots belong to its instances (the sequence batcher's) cannot take new ones.
                 and hasattr(current.scheduler, "add_instances")
                 and _without_counts(current.config) == _without_counts(config)
-                and _without_config(old.folder.model) == _without_config(folder.model)
+                and model_files_same
             ):
                 resize.add(number)
     load = tuple(number for number in numbers if number not in keep and number not in resize)
     return VersionPlan(frozenset(keep), frozenset(resize), load)
 
 
-def _without_counts(config: ModelConfig) -> bytes:
-    """The config with every instance group's count cleared: equal for configs that differ only in counts."""
+def _serving_part(config: ModelConfig | None) -> bytes | None:
+    """The config less its version policy (which versions serve, not how one serves): equal for configs that serve
+    a version alike."""
+    if config is None:
+        return None
     copy = ModelConfig()
     copy.CopyFrom(config)
+    copy.ClearField("version_policy")
+    data: bytes = copy.SerializeToString(deterministic=True)
+    return data
+
+
+def _without_counts(config: ModelConfig) -> bytes:
+    """The config with every instance group's count and the version policy cleared: equal for configs that differ
+    only in counts (and in which versions they select)."""
+    copy = ModelConfig()
+    copy.CopyFrom(config)
+    copy.ClearField("version_policy")
     for group in copy.instance_group:
         group.count = 0
     data: bytes = copy.SerializeToString(deterministic=True)

@@ -72,7 +72,9 @@ def override_config_text(name: str, config_json: str | None, files: dict[str, by
         if files:
             # As Triton: files alone would leave the folder's config describing other files.
             raise EdgedError(
-                ErrorCode.INVALID_ARG, f"failed to load '{name}': override files need a 'config' override with them"
+                ErrorCode.INTERNAL,
+                f"failed to load '{name}', failed to poll from model repository: override files need a 'config' "
+                "override with them",
             )
         return None
     config = ModelConfig()
