@@ -8,6 +8,7 @@ Offline and in-process: the hook is called directly, without building the site.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -109,3 +110,19 @@ def test_every_page_is_in_the_navigation() -> None:
     mkdocs = (REPO_ROOT / "mkdocs.yml").read_text()
     listed = set(re.findall(r"^\s+- (?:[^:\n]+: )?([\w-]+\.md)\s*$", mkdocs, re.MULTILINE))
     assert listed == {page.name for page in _pages()}
+
+
+def test_the_api_reference_has_every_operation_of_the_served_document() -> None:
+    spec = importlib.util.spec_from_file_location("docs_openapi_hook", DOCS / "hooks" / "openapi.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    from edged.frontends.http.openapi import openapi_document
+
+    document = json.loads(openapi_document())
+    page = hook.on_page_markdown("# x\n\n<!-- openapi -->\n", None, None, None)
+    operations = [(m, p) for p, item in document["paths"].items() for m in hook.METHODS if m in item]
+    assert len(operations) > 40
+    for method, path in operations:
+        assert f"### `{method.upper()} {path}`" in page, (method, path)
+    assert "<!-- openapi -->" in (DOCS / "api-reference.md").read_text(encoding="utf-8")
