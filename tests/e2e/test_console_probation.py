@@ -99,8 +99,8 @@ def files(folder: Path) -> list[str]:
 
 
 def actions(page: Page) -> list[str]:
-    """The labels of the buttons the model page offers (actions and versions)."""
-    return [label.strip() for label in page.locator("#model-live button").all_inner_texts()]
+    """The labels of the buttons the model page offers (actions and versions), those that are not off."""
+    return [label.strip() for label in page.locator("#model-live button:not([disabled])").all_inner_texts()]
 
 
 def history_rows(page: Page) -> list[dict[str, str]]:
@@ -129,7 +129,7 @@ def test_an_unload_in_the_console_during_the_probation_keeps_every_version(
 
     page.goto(f"{server.console_url}/models/steady")
     # Nothing was ever served before version 1: there is nothing to roll back to, so no rollback is offered.
-    assert actions(page) == ["Reload", "Unload", "Activate version 2"], actions(page)
+    assert actions(page) == ["Reload", "Unload", "Activate version 2", "Delete version 2"], actions(page)
     page.on("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Unload").click()
     expect(page.locator("#model-result p")).to_have_text("steady: unloaded: no version serves now", timeout=WAIT_MS)
@@ -145,7 +145,15 @@ def test_an_unload_in_the_console_during_the_probation_keeps_every_version(
     assert unloading.locator("td").nth(4).inner_text().split() == ["user:otto", "console"]
 
     # What the page offers works: load it, activate the other version, and then roll back to the first.
-    assert actions(page) == ["Load", "Unload", "Activate version 1", "Activate version 2"], actions(page)
+    assert actions(page) == [
+        "Load",
+        "Unload",
+        "Delete model",
+        "Activate version 1",
+        "Delete version 1",
+        "Activate version 2",
+        "Delete version 2",
+    ], actions(page)
     page.get_by_role("button", name="Load", exact=True).click()
     expect(page.locator("#model-result p")).to_have_text("steady: loaded: version 2 serves now", timeout=WAIT_MS)
     page.get_by_role("button", name="Activate version 1").click()
@@ -167,13 +175,13 @@ def test_the_consoles_clicks_are_the_consoles_and_each_actor_is_spelled_one_way(
     page.goto(f"{server.console_url}/history?model=steady&source=console")
     rows = history_rows(page)
     assert rows and {row["Source"] for row in rows} == {"console"}, rows
-    assert {row["Who"] for row in rows} == {"user:otto"}, rows
-    assert {"uploaded", "unloading", "activated", "rolled_back"} <= {row["What"] for row in rows}, rows
+    assert {row["By"] for row in rows} == {"user:otto"}, rows
+    assert {"uploaded", "unloaded", "activated", "rolled back"} <= {row["Action"] for row in rows}, rows
 
     page.goto(f"{server.console_url}/history?model=steady&user=edged")
     rows = history_rows(page)
-    assert [row["What"] for row in rows] == ["probation_ended"], rows
-    assert rows[0]["Who"] == "edged" and rows[0]["Source"] == "probation"
+    assert [row["Action"] for row in rows] == ["probation ended"], rows
+    assert rows[0]["By"] == "edged" and rows[0]["Source"] == "probation"
 
     viewer = http_login(server.console_port, "vera")
     status, _, text = viewer.request("GET", "/history.csv?model=steady")
@@ -209,14 +217,14 @@ def test_an_upload_refused_when_it_loads_leaves_the_device_ready(
 def test_the_model_page_offers_no_action_that_cannot_work(page: Page, server: Server, scratch: Path) -> None:
     browser_login(page, server.console_url, "otto")
     page.goto(f"{server.console_url}/models/retired")
-    assert actions(page) == ["Reload", "Unload", "Activate version 1"], actions(page)
+    assert actions(page) == ["Reload", "Unload", "Activate version 1", "Delete version 1"], actions(page)
     page.on("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Unload").click()
     expect(page.locator("#model-result p")).to_have_text("retired: unloaded: no version serves now", timeout=WAIT_MS)
     # Its folder removed by hand: the page still lists the versions it had, but offers no load or activation.
     shutil.rmtree(scratch / "repository" / "retired" / "2")
     page.goto(f"{server.console_url}/models/retired")
-    assert actions(page) == ["Load", "Unload", "Activate version 1"], actions(page)
+    assert actions(page) == ["Load", "Unload", "Delete model", "Activate version 1", "Delete version 1"], actions(page)
     versions = page.locator("section[aria-labelledby=versions-h] tbody tr")
     expect(versions.filter(has_text="no longer on disk")).to_have_count(1)
     shutil.rmtree(scratch / "repository" / "retired")

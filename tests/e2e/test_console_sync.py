@@ -180,8 +180,10 @@ def test_a_viewer_sees_no_buttons_and_is_refused(page: Page, synced: tuple[Serve
     browser_login(page, server.console_url, "vera")
     page.goto(f"{server.console_url}/sync")
     expect(page.locator("section.source")).to_be_visible()
-    expect(page.get_by_role("button")).to_have_count(1)  # only "Log out"
+    # Only the frame's own: the theme and "Log out".
+    expect(page.get_by_role("button")).to_have_count(2)
     expect(page.get_by_role("button", name="Log out")).to_be_visible()
+    expect(page.get_by_role("button", name="Theme: follows the system")).to_be_visible()
 
     session = http_login(server.console_port, "vera")
     runs = len(request(server.http_url, "GET", "/v2/edged/sync/history").json()["runs"])
