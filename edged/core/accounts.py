@@ -141,6 +141,10 @@ class AuditEntry:
         "sync-now",
         "sync-pause",
         "sync-resume",
+        "alert-rules-set",
+        "alert-webhook-set",
+        "alert-webhook-remove",
+        "alert-test",
     ]
     target: str
     outcome: Literal["done", "refused"]

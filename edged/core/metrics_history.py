@@ -3,12 +3,18 @@ charts: no Prometheus server is needed on the device to see the last minutes (``
 fleets).
 
 Each ``sample`` reads every READY version's cumulative ModelStatistics, subtracts the previous reading and keeps,
-per model (its versions summed): request and error rates, mean queue and compute time, p50/p90/p99 of the end-to-end
+per model (its versions summed): request and error rates (the errors apart as rejected and failed, see below),
+mean queue and compute time, p50/p90/p99 of the end-to-end
 latency (from the statistics' latency buckets), the mean batch size and executions by batch size; the rate of
 errors answered for no served model (UnroutedErrors); and the device's CPU utilization, memory and GPUs, as a reader
 the daemon gives it sees them. Errors are every error a client was answered: Triton's failures and the refusals it
 does not count (ModelStatistics.refused: a missing input, a full queue ...), which count as requests too, and the
-successes whose client got an error (ModelStatistics.answered_errors: an error the model answered with). Points
+successes whose client got an error (ModelStatistics.answered_errors: an error the model answered with). They are
+kept as two series that add up to the error rate, as an operator acts on them differently: ``rejected`` are the
+refusals, answered before the model ran (a bad shape, datatype or unknown input, an undecodable body: the client's
+to fix; or one refused at the door, as by a full queue); ``failed`` are Triton's failures and the answered errors,
+requests a scheduler took that ended in an error (the model or its backend failed while running it, it timed out in
+the queue or was cancelled, it answered with an error). Points
 live in fixed-size arrays (a ring of ``capacity`` points), so memory is bounded whatever the traffic. A version
 whose statistics are new (it was (re)loaded) or whose counters went down counts from zero: a reload never makes a
 negative rate.
@@ -40,7 +46,18 @@ PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.50), ("p90", 0.90), ("p9
 _MAX_EXECUTIONS = 65535
 _NAN = math.nan
 # The per-model series kept as 32-bit floats (plenty for a chart, half the memory of doubles).
-_MODEL_SERIES = ("request_rate", "error_rate", "queue_ms", "compute_ms", "p50", "p90", "p99", "batch_size_mean")
+# The error rate is not kept: it is rejected_rate + failed_rate, added when read.
+_MODEL_SERIES = (
+    "request_rate",
+    "rejected_rate",
+    "failed_rate",
+    "queue_ms",
+    "compute_ms",
+    "p50",
+    "p90",
+    "p99",
+    "batch_size_mean",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +93,7 @@ class _Reading:
 
     stats: ModelStatistics
     requests: int = 0
+    rejected: int = 0
     failures: int = 0
     queue_count: int = 0
     queue_ns: int = 0
@@ -89,7 +107,8 @@ class _Reading:
         return cls(
             stats,
             stats.success.count + stats.fail.count + stats.refused,
-            stats.fail.count + stats.refused + stats.answered_errors,
+            stats.refused,
+            stats.fail.count + stats.answered_errors,
             stats.queue.count,
             stats.queue.ns,
             stats.compute_infer.count,
@@ -107,6 +126,7 @@ class _Interval:
     """What a model's versions did between two samples."""
 
     requests: int = 0
+    rejected: int = 0
     failures: int = 0
     queue_count: int = 0
     queue_ns: int = 0
@@ -117,6 +137,7 @@ class _Interval:
 
     def add(self, now: _Reading, before: _Reading) -> None:
         self.requests += now.requests - before.requests
+        self.rejected += now.rejected - before.rejected
         self.failures += now.failures - before.failures
         self.queue_count += now.queue_count - before.queue_count
         self.queue_ns += now.queue_ns - before.queue_ns
@@ -135,6 +156,8 @@ def _went_back(now: _Reading, before: _Reading) -> bool:
     """Counters only grow while the statistics live: lower ones are a new record under the same object."""
     return (
         now.requests < before.requests
+        or now.rejected < before.rejected
+        or now.failures < before.failures
         or now.queue_count < before.queue_count
         or now.compute_count < before.compute_count
         or any(count < before.executions.get(size, 0) for size, count in now.executions.items())
@@ -284,7 +307,8 @@ class MetricsHistory:
             series.last_seen = self._count
             values = series.series
             values["request_rate"][slot] = interval.requests / elapsed
-            values["error_rate"][slot] = interval.failures / elapsed
+            values["rejected_rate"][slot] = interval.rejected / elapsed
+            values["failed_rate"][slot] = interval.failures / elapsed
             values["queue_ms"][slot] = interval.queue_ns / interval.queue_count / 1e6 if interval.queue_count else _NAN
             values["compute_ms"][slot] = (
                 interval.compute_ns / interval.compute_count / 1e6 if interval.compute_count else _NAN
@@ -371,9 +395,16 @@ class MetricsHistory:
                 continue
             values = series.series
             batches = series.batches
+            rejected = _floats(values["rejected_rate"], slots)
+            failed = _floats(values["failed_rate"], slots)
             models[name] = {
                 "request_rate": _floats(values["request_rate"], slots),
-                "error_rate": _floats(values["error_rate"], slots),
+                # The total the API answered before the two were kept apart, for the clients that read it.
+                "error_rate": [
+                    None if r is None or f is None else round(r + f, 4) for r, f in zip(rejected, failed, strict=True)
+                ],
+                "rejected_rate": rejected,
+                "failed_rate": failed,
                 "queue_ms": _floats(values["queue_ms"], slots),
                 "compute_ms": _floats(values["compute_ms"], slots),
                 "latency_ms": {label: _floats(values[label], slots) for label, _ in PERCENTILES},

@@ -40,6 +40,16 @@ def model_name_problem(name: str) -> str | None:
     return None
 
 
+def load_name_refusal(name: str) -> str | None:
+    """Triton's own checks of a name to load (not to unload), newer releases', in its words; None when they pass."""
+    trimmed = name.strip(" \t\n\r\f\v")
+    if not trimmed:
+        return "Model name cannot be empty. Please enter a valid name to deploy."
+    if trimmed == ".." or "/" in trimmed:
+        return f"invalid model name '{printable(name)}', model name must not contain path traversal characters"
+    return None
+
+
 def is_model_name(name: str) -> bool:
     return model_name_problem(name) is None
 

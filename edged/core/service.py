@@ -34,6 +34,7 @@ from edged.errors import EdgedError, ErrorCode
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from edged.core.alerts.engine import Alerts
     from edged.core.device_conditions import DeviceConditions, DeviceConditionsReader
     from edged.core.devices import DeviceInventory
     from edged.core.metrics_history import MetricsHistory
@@ -133,17 +134,20 @@ class InferenceService:
         uploads: ModelUploads | None = None,
         unrouted: UnroutedErrors | None = None,
         conditions: DeviceConditionsReader | None = None,
+        alerts: Alerts | None = None,
     ) -> None:
         """``controller``: model control, for the repository API (None: loads and unloads are refused); ``sync``:
         repository sync, when a repository is remote; ``history``: the last minutes of metrics, for live charts;
         ``uploads``: model uploads (None: refused); ``unrouted``: where requests answered with an error for no
         served model are counted (the history reads it); ``conditions``: disk space and temperatures, for the
-        console (None: not read)."""
+        console (None: not read); ``alerts``: the alert rules and their webhook (None: no state database keeps
+        them)."""
         self._conditions = conditions
         self.sync = sync
         self.unrouted = unrouted if unrouted is not None else UnroutedErrors()
         self._history = history
         self.uploads = uploads
+        self.alerts = alerts
         self._manager = manager
         # The shared-memory extension's regions; frontends call its register/unregister/status directly.
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryManager(allowed=False)

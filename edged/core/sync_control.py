@@ -3,6 +3,8 @@ implements it, the daemon hands it to the service, and the frontends never impor
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -42,3 +44,30 @@ class SyncObserver(Protocol):
     def rollback(self, source: str, model: str) -> None:
         """``model`` failed its probation and was rolled back."""
         ...
+
+
+class SyncObservers:
+    """Several observers told the same (the metrics and the alert rules); one that fails does not stop the rest
+    nor the sync."""
+
+    def __init__(self, *observers: SyncObserver) -> None:
+        self._observers = observers
+
+    def run(self, source: str, outcome: str, problem: str | None, transferred: int, seconds: float) -> None:
+        for observer in self._observers:
+            _guarded(observer.run, source, outcome, problem, transferred, seconds)
+
+    def revision(self, source: str, revision: str) -> None:
+        for observer in self._observers:
+            _guarded(observer.revision, source, revision)
+
+    def rollback(self, source: str, model: str) -> None:
+        for observer in self._observers:
+            _guarded(observer.rollback, source, model)
+
+
+def _guarded(call: Callable[..., None], *args: Any) -> None:
+    try:
+        call(*args)
+    except Exception:
+        logging.getLogger("edged.sync").exception("an observer of the sync failed")

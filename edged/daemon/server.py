@@ -5,7 +5,7 @@ for the loop go to the worker pool (see edged.core.scheduling.scheduler). ``Core
 shares (the repositories checked, the state database opened, the service with its model control), then the parts
 start in this order:
 
-1. ``core``: what Core.build made, released last;
+1. ``core``: what Core.build made, released last, and ``alerts``: the alert rules' gauges and deliveries;
 2. ``sockets``: the HTTP and metrics ports, bound before the models load so that a port in use fails at once,
    and ``TLS``: the endpoints' certificates, read and checked then too;
 3. ``models``: model control, which loads what this mode serves;
@@ -33,6 +33,7 @@ from edged import __version__
 from edged.backends import BackendRegistry
 from edged.core.access import AccessPolicy, TokenVerifier
 from edged.core.accounts import Accounts
+from edged.core.alerts.engine import Alerts, Gauges
 from edged.core.audit import AuditLog
 from edged.core.device_conditions import DeviceConditionsReader
 from edged.core.devices import DeviceInventory
@@ -48,6 +49,7 @@ from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.core.stats import UnroutedErrors
+from edged.daemon.alerts import AlertsPart, unready_models
 from edged.daemon.console import console_part
 from edged.daemon.endpoints import (
     BoundSockets,
@@ -120,6 +122,8 @@ class Core:
     store: StateStore | None = None
     # Requests the access policy refused (frontend workers report theirs here too).
     access_refused: Counter | None = None
+    # The alert rules an admin turned on in the console, when there is a state database to keep them.
+    alerts: Alerts | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -176,7 +180,17 @@ class Core:
         except FoldersOverlap as exc:
             raise StartupError(str(exc)) from None
         registry = edged_registry()
-        sync = build_sync(settings, controller, manager, store, registry) if settings.remote_repositories else None
+        alerts = Alerts(store, device=settings.device_id) if store is not None else None
+        if alerts is not None:
+            try:
+                # Read before any model loads, so that a model failing at start is judged by the rules.
+                alerts.load()
+            except StateError as exc:
+                raise StartupError(str(exc)) from None
+            controller.observe(alerts.model_event)
+        sync = (
+            build_sync(settings, controller, manager, store, registry, alerts) if settings.remote_repositories else None
+        )
         uploads = ModelUploads(
             controller,
             manager,
@@ -194,6 +208,7 @@ class Core:
         # Errors answered for no served model: the service counts them, the history shows their rate.
         unrouted = UnroutedErrors()
         history = MetricsHistory(lambda: manager.statistics("", -1), unrouted=unrouted)
+        conditions = DeviceConditionsReader(settings.state_dir, lambda: manager.repositories)
         service = InferenceService(
             manager,
             server_id=settings.server_id,
@@ -204,8 +219,18 @@ class Core:
             history=history,
             uploads=uploads,
             unrouted=unrouted,
-            conditions=DeviceConditionsReader(settings.state_dir, lambda: manager.repositories),
+            conditions=conditions,
+            alerts=alerts,
         )
+        if alerts is not None:
+            alerts.watch(
+                Gauges(
+                    started=lambda: service.started and not service.stopping,
+                    ready=service.is_ready,
+                    unready=lambda: unready_models(manager),
+                    conditions=conditions.read,
+                )
+            )
         # Before any model loads: BLS calls and ensembles come back to the service.
         backends.attach(service)
         refused = refusal_counter(registry)
@@ -230,6 +255,7 @@ class Core:
             audit,
             store,
             access_refused,
+            alerts,
         )
 
     def status(self, endpoints: str) -> str:
@@ -429,6 +455,8 @@ def _parts(
     and metrics endpoints are added to ``endpoints`` as they are built (their ending unasked ends the daemon)."""
     sockets = BoundSockets(settings, share_http=workers is not None)
     yield CorePart(core)
+    if core.alerts is not None:
+        yield AlertsPart(core.alerts)
     yield sockets
     yield tls
     yield ModelsPart(core, settings)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from edged.config.settings import Settings
     from edged.core.repository.control import ModelController
     from edged.core.repository.manager import ModelRepositoryManager
+    from edged.core.sync_control import SyncObserver
     from edged.state.store import StateStore
     from edged.sync.agent import RepositorySync
 
@@ -51,9 +52,12 @@ def build_sync(
     manager: ModelRepositoryManager,
     store: StateStore | None,
     registry: CollectorRegistry,
+    observer: SyncObserver | None = None,
 ) -> RepositorySync:
+    """``observer``: told the runs and rollbacks too, beside the sync's metrics (the alert rules)."""
     # Imported only when a repository is remote: a device that syncs nothing loads none of it.
     from edged.core.repository.probation import ProbationLimits
+    from edged.core.sync_control import SyncObservers
     from edged.frontends.metrics.sync import SyncMetrics
     from edged.sync.agent import RepositorySync, SyncSettings
     from edged.sync.errors import SyncError
@@ -82,7 +86,7 @@ def build_sync(
             controller,
             manager,
             store,
-            SyncMetrics(registry),
+            SyncObservers(SyncMetrics(registry), observer) if observer is not None else SyncMetrics(registry),
             os.environ,
         )
     except SyncError as exc:

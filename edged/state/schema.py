@@ -254,3 +254,47 @@ audit_events: Final = Table(
     # AUTOINCREMENT: an id is never reused, so a client paging through history never sees one twice.
     sqlite_autoincrement=True,
 )
+
+# An alert rule an admin turned on or off in the console (edged.core.alerts): one row per kind of rule ever set,
+# with its threshold (seconds, failures in a row, percent free or degrees Celsius, as the kind says; NULL for the
+# kinds that have none). A kind never set is off.
+alert_rules: Final = Table(
+    "alert_rules",
+    metadata,
+    Column("kind", String, primary_key=True),
+    _required("enabled", Boolean),
+    Column("threshold", Double, nullable=True),
+    _required("changed_at", UTCDateTime),
+)
+
+# Where alerts are sent: one row at most (id 1). ``secret`` keys the HMAC-SHA256 that signs each delivery, so it is
+# kept as it is (a hash could not sign); it is shown once, when the webhook is set, and never again.
+alert_webhook: Final = Table(
+    "alert_webhook",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("url", Text),
+    _required("secret", String),
+    _required("set_at", UTCDateTime),
+    CheckConstraint("id = 1", name="one_webhook"),
+)
+
+# An alert that fired, and what became of its delivery: ``delivery`` pending, delivered, failed or unsent (no
+# webhook was set); ``detail`` says why, ``tries`` how many POSTs it took. Only the newest rows are kept
+# (edged.core.alerts.bounds.FIRED_KEPT).
+alerts_fired: Final = Table(
+    "alerts_fired",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    _required("at", UTCDateTime),
+    _required("kind", String),
+    _required("subject", String),
+    _required("message", Text),
+    _required("delivery", String),
+    _required("detail", Text),
+    _required("tries", Integer),
+    CheckConstraint("delivery IN ('pending', 'delivered', 'failed', 'unsent')", name="delivery_known"),
+    CheckConstraint("tries >= 0", name="tries_not_negative"),
+    # AUTOINCREMENT: an id is never reused, so a receiver that deduplicates deliveries by id never drops a new one.
+    sqlite_autoincrement=True,
+)

@@ -29,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 
 import edged
 from edged.state.accounts import AccountRecords
+from edged.state.alerts import AlertRecords
 from edged.state.audit import AuditRecords
 from edged.state.records import StateError, inserted_id
 from edged.state.schema import (
@@ -54,7 +55,7 @@ MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 # The schema revision of this edged (the newest in migrations/versions; a test holds them equal). A database at it,
 # or a new one, opens without Alembic, whose import alone takes a fifth of a second of every start on a small device;
 # Alembic runs only to upgrade an older database or to refuse one it cannot place.
-HEAD_REVISION: Final = "0006"
+HEAD_REVISION: Final = "0007"
 # The table in which Alembic keeps a database's revision, as Alembic itself creates it.
 _VERSION_TABLE: Final = (
     "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
@@ -151,10 +152,10 @@ def alembic_config(db: Path) -> Config:
     return config
 
 
-class StateStore(AccountRecords, AuditRecords, SyncRecords):
+class StateStore(AccountRecords, AlertRecords, AuditRecords, SyncRecords):
     """The daemon's state: models and versions seen, every state transition, explicit mode's desired set, API
-    tokens; console accounts (edged.state.accounts), the audit history (edged.state.audit) and sync runs
-    (edged.state.sync_runs) by topic of their own."""
+    tokens; console accounts (edged.state.accounts), alerts (edged.state.alerts), the audit history
+    (edged.state.audit) and sync runs (edged.state.sync_runs) by topic of their own."""
 
     def __init__(self, path: Path, engine: Engine, history_per_model: int = HISTORY_PER_MODEL) -> None:
         """Use ``StateStore.open``, which checks and migrates the database first."""

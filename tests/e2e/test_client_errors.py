@@ -58,10 +58,11 @@ N: Final = 6
 WAIT_S: Final = 90.0
 WORKERS: Final = 2
 _Client = TypeVar("_Client")
-# The Errors chart of the metrics page draws, above zero, the model's errors and those for no served model.
+# The Errors chart of the metrics page draws, above zero, the model's rejected requests (its bad inputs) and
+# those for no served model.
 ERRORS_CHARTED: Final = (
     "() => { const c = window.edgedCharts && window.edgedCharts.errors; if (!c) return false;"
-    f" return [c.labels.indexOf('{MODEL}'), c.labels.indexOf('no such model')]"
+    f" return [c.labels.indexOf('{MODEL} rejected'), c.labels.indexOf('no such model')]"
     ".every((i) => i >= 0 && c.plot.data[i + 1].some((v) => v > 0)); }"
 )
 
@@ -346,7 +347,7 @@ def test_the_errors_chart_shows_them(daemon: Server, page: Page) -> None:
         page.wait_for_function(ERRORS_CHARTED, timeout=WAIT_S * 1000)
     assert sent[0] > 0
     labels = page.evaluate("() => window.edgedCharts.errors.labels")
-    assert labels == [MODEL, RAISES, "no such model"], labels
+    assert labels == [f"{MODEL} rejected", f"{MODEL} failed", f"{RAISES} rejected", f"{RAISES} failed", "no such model"]
 
 
 # --- in a frontend worker ---------------------------------------------------------------------------------------

@@ -275,9 +275,9 @@ def test_memory_for_twenty_busy_models_is_bounded() -> None:
             _succeed(model, 2, batch=8)
         clock.tick()
         history.sample()
-    # The points: 8 float32 series and 8 uint16 batch buckets per model and point, plus time, device and the
-    # float32 rate of errors for no served model.
-    assert history.nbytes() == 20 * 600 * (8 * 4 + 8 * 2) + 600 * (8 + 4 + 8 + 4 + 4 + 8)
+    # The points: 9 float32 series (the errors as rejected and failed) and 8 uint16 batch buckets per model and
+    # point, plus time, device and the float32 rate of errors for no served model.
+    assert history.nbytes() == 20 * 600 * (9 * 4 + 8 * 2) + 600 * (8 + 4 + 8 + 4 + 4 + 8)
 
 
 def test_capacity_must_hold_a_point() -> None:

@@ -56,3 +56,22 @@ def test_refusals_are_not_in_the_statistics_triton_reports() -> None:
     assert stats.refused == 1
     assert (stats.success.count, stats.fail.count, stats.failures, stats.inference_count) == (0, 0, {}, 0)
     assert stats.last_inference == 0  # Triton leaves it for a request refused before the model ran
+
+
+def test_rejected_and_failed_are_kept_apart_and_add_up_to_the_errors() -> None:
+    clock, stats, unrouted = _Clock(), ModelStatistics("add_sub", 1), UnroutedErrors()
+    history = _history(stats, unrouted, clock)
+    for _ in range(3):
+        stats.record_refusal()  # a wrong shape, an unknown input: answered before the model ran
+    stats.record_failure(1_000_000, FailureReason.BACKEND)  # the model raised
+    stats.record_execution(1, ExecutionTiming(infer_ns=1_000_000))
+    stats.record_success(1, 2_000_000, 0, ExecutionTiming(infer_ns=1_000_000))
+    stats.record_answered_error()  # the model answered with an error
+    clock.tick()
+    history.sample()
+    clock.tick()
+    history.sample()
+    series = history.history()["models"]["add_sub"]
+    assert series["rejected_rate"] == [3.0, 0.0]
+    assert series["failed_rate"] == [2.0, 0.0]
+    assert series["error_rate"] == [5.0, 0.0]

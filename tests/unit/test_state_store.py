@@ -21,6 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
+from edged.state.alerts import AlertRuleRecord, AlertWebhookRecord, FiredAlertRecord
 from edged.state.directory import default_state_dir
 from edged.state.records import StateError
 from edged.state.schema import metadata
@@ -48,6 +49,9 @@ TABLES: Final = {
     "sessions",
     "login_failures",
     "audit_events",
+    "alert_rules",
+    "alert_webhook",
+    "alerts_fired",
 }
 
 
@@ -182,6 +186,65 @@ def test_tokens_of_schema_0005_keep_their_rows_and_record_their_last_use(tmp_pat
         found = store.find_token("0123456789abcdef")
         assert found is not None and (found.last_used_at, found.last_used_peer) == (used, "192.0.2.7")
     assert _query(db, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+
+
+def test_a_database_of_schema_0006_gains_empty_alert_tables_and_keeps_its_tokens(tmp_path: Path) -> None:
+    db = tmp_path / DB_NAME
+    _migrate(db, "0006")
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "INSERT INTO api_tokens (token_id, name, role, secret_sha256, created_at) "
+            "VALUES ('0123456789abcdef', 'ci', 'operator', 'ff', '2026-01-01 00:00:00.000000')"
+        )
+    connection.close()
+    with StateStore.open(tmp_path) as store:
+        assert [token.name for token in store.tokens()] == ["ci"]
+        assert store.alert_rules() == [] and store.alert_webhook() is None and store.fired_alerts(10) == []
+        at = datetime(2026, 3, 1, tzinfo=UTC)
+        store.set_alert_rules([AlertRuleRecord("disk-low", True, 10.0, at)])
+        store.set_alert_rules([AlertRuleRecord("disk-low", False, 20.0, at)])
+        assert store.alert_rules() == [AlertRuleRecord("disk-low", False, 20.0, at)]
+        store.set_alert_webhook(AlertWebhookRecord("https://example.net/hook", "s3cret", at))
+        store.set_alert_webhook(AlertWebhookRecord("http://192.0.2.1/hook", "other", at))
+        assert store.alert_webhook() == AlertWebhookRecord("http://192.0.2.1/hook", "other", at)
+        store.set_alert_webhook(None)
+        assert store.alert_webhook() is None
+    assert _query(db, "SELECT version_num FROM alembic_version") == [(HEAD_REVISION,)]
+    # Down and up again: 0007's downgrade drops exactly what its upgrade made.
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        with engine.begin() as alembic_connection:
+            config = alembic_config(db)
+            config.attributes["connection"] = alembic_connection
+            command.downgrade(config, "0006")
+    finally:
+        engine.dispose()
+    tables = {name for (name,) in _query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert not tables & {"alert_rules", "alert_webhook", "alerts_fired"}
+    assert _query(db, "SELECT name FROM api_tokens") == [("ci",)]
+
+
+def test_fired_alerts_keep_the_newest_and_record_their_delivery(tmp_path: Path) -> None:
+    with StateStore.open(tmp_path) as store:
+        at = datetime(2026, 3, 1, tzinfo=UTC)
+        ids = [
+            store.add_fired_alert(FiredAlertRecord(at, "test", "webhook", f"alert {n}", "pending", "", 0), keep=3)
+            for n in range(7)
+        ]
+        assert ids == sorted(ids) and len(set(ids)) == 7
+        kept = store.fired_alerts(10)
+        assert [alert.message for alert in kept] == ["alert 6", "alert 5", "alert 4"]
+        store.set_alert_delivery(ids[-1], "delivered", "HTTP 200 after 2 tries", 2)
+        store.set_alert_delivery(ids[0], "delivered", "pruned already: nothing to update", 1)
+        assert store.abandon_pending_alerts("edged stopped") == 2
+        found = store.fired_alerts(3)
+        assert [(a.delivery, a.detail, a.tries) for a in found] == [
+            ("delivered", "HTTP 200 after 2 tries", 2),
+            ("failed", "edged stopped", 0),
+            ("failed", "edged stopped", 0),
+        ]
+        with pytest.raises(StateError, match="CHECK constraint"):
+            store.add_fired_alert(FiredAlertRecord(at, "test", "webhook", "x", "lost", "", 0), keep=3)
 
 
 def test_a_database_at_head_opens_without_alembic(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 // The live charts of the metrics page (uPlot). The page is served with a table of the latest values for browsers
 // without JavaScript; this script shows the charts instead, polls /metrics/data for the points after the last one
 // it has, appends them, and redraws. Colours come from the page's CSS (light and dark), sizes from the layout.
+// Times are UTC and 24-hour, as in the console's tables. The range picker's choice (the page's `range`, a plain
+// form field) is applied at once here; the latency chart can switch to a log scale.
 // window.edgedCharts holds each chart (its uPlot and its series' labels), for whoever inspects the page.
 "use strict";
 
@@ -14,6 +16,9 @@
   const buckets = JSON.parse(root.dataset.buckets || "[]");
   const percentiles = JSON.parse(root.dataset.percentiles || "[]");
   const status = document.getElementById("charts-status");
+  // Seconds shown, the newest point last; null: every point the daemon keeps.
+  let rangeS = Number(root.dataset.rangeS) || null;
+  const logToggle = document.getElementById("latency-log");
 
   // --- the points ------------------------------------------------------------------------------------------
   // Every series flattened under a key ("m:<model>:request_rate", "d:cpu" ...), aligned with `time`.
@@ -23,7 +28,7 @@
   function flatten(reply) {
     const flat = new Map();
     for (const [name, m] of Object.entries(reply.models || {})) {
-      for (const key of ["request_rate", "error_rate", "queue_ms", "compute_ms", "batch_size_mean"]) {
+      for (const key of ["request_rate", "rejected_rate", "failed_rate", "queue_ms", "compute_ms", "batch_size_mean"]) {
         flat.set(`m:${name}:${key}`, m[key]);
       }
       for (const [label, values] of Object.entries(m.latency_ms || {})) flat.set(`m:${name}:${label}`, values);
@@ -124,6 +129,7 @@
     latency: {
       format: ms,
       min: 0,
+      log: () => !!(logToggle && logToggle.checked),
       series: () =>
         models().flatMap((name) =>
           percentiles.map((p) => ({ label: one(name, p), values: values(`m:${name}:${p}`) })),
@@ -154,10 +160,16 @@
     errors: {
       format: perSecond,
       min: 0,
+      // Rejected before the model ran (the client's request was wrong) apart from failed while it ran.
       series: () => {
         const unknown = { label: "no such model", values: values("u:errors") };
         const shown = !model && unknown.values.some((v) => v != null && v > 0);
-        return perModel("error_rate", "errors").concat(shown ? [unknown] : []);
+        return models()
+          .flatMap((name) => [
+            { label: one(name, "rejected"), values: values(`m:${name}:rejected_rate`) },
+            { label: one(name, "failed"), values: values(`m:${name}:failed_rate`) },
+          ])
+          .concat(shown ? [unknown] : []);
       },
     },
     utilization: {
@@ -191,36 +203,125 @@
     return { palette, axis: read("--chart-axis") || "#58606b", grid: read("--chart-grid") || "#d6dae0" };
   }
 
+  // Series past the eighth reuse the colours, so they are told apart by a dash pattern instead.
+  const DASHES = [[], [6, 3], [2, 3], [8, 3, 2, 3]];
+
   const heightFor = (width) => (width < 480 ? 180 : 220);
 
-  function options(def, labels, width) {
-    const { palette, axis, grid } = colours();
-    const range = (u, min, max) => {
+  // --- time, in UTC --------------------------------------------------------------------------------------------
+  const pad = (n) => String(n).padStart(2, "0");
+  const utcTime = (t) => {
+    const d = new Date(t * 1000);
+    return `${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}:${pad(d.getUTCSeconds())}`;
+  };
+  const utcDateTime = (t) => {
+    const d = new Date(t * 1000);
+    return `${d.getUTCFullYear()}-${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())} ${utcTime(t)}`;
+  };
+  // Tick steps in seconds; uPlot takes the smallest that leaves `space` pixels between ticks.
+  const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+
+  // The axes' text is drawn on the canvas, where nothing lays it out: the room a label takes is measured with the
+  // font it is drawn in, and ticks are kept at least that far apart (so that no two labels overlap at any width).
+  const AXIS_FONT_PX = 12;
+  const axisFont = () => `${AXIS_FONT_PX}px ${getComputedStyle(root).fontFamily || "sans-serif"}`;
+  function timeLabelWidth(font) {
+    const context = document.createElement("canvas").getContext("2d");
+    context.font = font;
+    // The widest digit in every place: in a proportional font "00:00:00" is not the widest time.
+    const digit = Math.max(...[..."0123456789"].map((c) => context.measureText(c).width));
+    return Math.ceil(6 * digit + 2 * context.measureText(":").width);
+  }
+  const LABEL_GAP = 16;
+
+  function yRange(def) {
+    return (u, min, max) => {
       const top = def.max !== undefined ? def.max : max == null || max <= 0 ? 1 : max * 1.1;
       return [def.min, top];
     };
+  }
+
+  function logRange(u, min, max) {
+    // Whole decades around what is shown: p50 and p99 keep their own place when one is a hundred times the other.
+    if (min == null || max == null || !(min > 0)) return [0.1, 10];
+    const lo = 10 ** Math.floor(Math.log10(min));
+    const hi = 10 ** Math.ceil(Math.log10(max));
+    return [lo, hi > lo ? hi : lo * 10];
+  }
+
+  function xRange(u, min, max) {
+    if (min == null || max == null) {
+      const now = Date.now() / 1000;
+      return [now - (rangeS || 60), now];
+    }
+    // The whole range picked, even while the daemon has fewer points; one point alone still spans some time.
+    return [rangeS ? max - rangeS : Math.min(min, max - 10), max];
+  }
+
+  function options(def, labels, width) {
+    const { palette, axis, grid } = colours();
+    const font = axisFont();
+    const timeWidth = timeLabelWidth(font);
+    const log = def.log && def.log();
     const line = { stroke: grid, width: 1 };
+    // The legend shows each series' current value while the pointer is not on the chart (see showLatest).
+    const current = (u, v, seriesIndex, index) =>
+      index != null && index === u.data[0].length - 1 && v == null ? latest(u.data[seriesIndex]) : v;
     return {
       width,
       height: heightFor(width),
+      // Room on the right for half the newest time label, which is centred on the plot's right edge.
+      padding: [8, Math.ceil(timeWidth / 2) + 4, 0, 0],
+      tzDate: (t) => uPlot.tzDate(new Date(t * 1000), "Etc/UTC"),
       series: [
-        {},
+        { label: "Time (UTC)", value: (u, v) => (v == null ? "–" : utcDateTime(v)) },
         ...labels.map((label, i) => ({
           label,
           stroke: palette[i % palette.length],
+          dash: DASHES[Math.floor(i / palette.length) % DASHES.length],
           width: 2,
           points: { show: false },
-          value: (u, v) => def.format(v),
+          value: (u, v, seriesIndex, index) => def.format(current(u, v, seriesIndex, index)),
         })),
       ],
-      scales: { x: { time: true }, y: { range } },
+      scales: {
+        x: { time: true, range: xRange },
+        y: log ? { distr: 3, log: 10, range: logRange } : { range: yRange(def) },
+      },
       axes: [
-        { stroke: axis, grid: line, ticks: line },
-        { stroke: axis, grid: line, ticks: line, size: 86, values: (u, ticks) => ticks.map((v) => def.format(v)) },
+        {
+          stroke: axis,
+          grid: line,
+          ticks: line,
+          font,
+          labelFont: font,
+          label: "Time (UTC)",
+          labelSize: 20,
+          incrs: TIME_INCRS,
+          space: timeWidth + LABEL_GAP,
+          values: (u, ticks) => ticks.map((t) => (t == null ? null : utcTime(t))),
+        },
+        {
+          stroke: axis,
+          grid: line,
+          ticks: line,
+          font,
+          size: 86,
+          // Labels are one line of AXIS_FONT_PX high: ticks at least twice that apart leave a line between them.
+          space: 2 * AXIS_FONT_PX + 4,
+          values: (u, ticks) => ticks.map((v) => (v == null ? null : def.format(v))),
+        },
       ],
       cursor: { drag: { x: false, y: false } },
       legend: { show: true },
+      hooks: { setCursor: [showLatest] },
     };
+  }
+
+  function showLatest(u) {
+    // uPlot's legend shows the values under the pointer, and dashes once it leaves: without the pointer, the
+    // newest point's (each series' latest value, see `current`).
+    if (u.cursor.idx == null && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 });
   }
 
   function latest(series) {
@@ -250,18 +351,33 @@
     if (!figure || !def) return;
     const series = def.series();
     const labels = series.map((s) => s.label);
-    const data = [store.time, ...series.map((s) => s.values)];
+    const log = !!(def.log && def.log());
+    const data = shown([store.time, ...series.map((s) => s.values)], log);
     const chart = charts[id];
-    if (chart && chart.labels.join("\n") === labels.join("\n")) {
+    if (chart && chart.log === log && chart.labels.join("\n") === labels.join("\n")) {
       chart.plot.setData(data);
+      showLatest(chart.plot);
     } else {
       // New series (a model appeared, a batch size ran): uPlot's series are fixed, so the chart is made anew.
       if (chart) chart.plot.destroy();
       const holder = figure.querySelector(".plot");
       const width = Math.max(200, holder.clientWidth);
-      charts[id] = { plot: new uPlot(options(def, labels, width), data, holder), labels };
+      charts[id] = { plot: new uPlot(options(def, labels, width), data, holder), labels, log };
+      showLatest(charts[id].plot);
     }
     summarize(id, def, series);
+  }
+
+  function shown(data, log) {
+    // The points in the range picked; on a log scale a zero has no place, so it is a gap.
+    let first = 0;
+    if (rangeS && store.time.length) {
+      const from = store.time[store.time.length - 1] - rangeS;
+      while (first < store.time.length && store.time[first] < from) first += 1;
+    }
+    return data.map((values, index) =>
+      values.slice(first).map((v) => (log && index > 0 && v != null && v <= 0 ? null : v)),
+    );
   }
 
   function drawAll() {
@@ -321,6 +437,22 @@
     }
   });
   for (const holder of root.querySelectorAll(".plot")) resize.observe(holder);
+  if (logToggle) logToggle.addEventListener("change", () => draw("latency"));
+  const rangeSelect = document.getElementById("range");
+  if (rangeSelect) {
+    // Applied without a reload (the form still sends it, for the table without JavaScript); the address keeps
+    // the choice, so a reload or a shared link shows the same range.
+    rangeSelect.addEventListener("change", () => {
+      const choice = rangeSelect.value;
+      rangeS = Number(rangeSelect.selectedOptions[0].dataset.seconds) || null;
+      const url = new URL(window.location.href);
+      url.searchParams.set("range", choice);
+      window.history.replaceState(null, "", url);
+      drawAll();
+    });
+  }
   window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", rebuild);
+  // The console's own light/dark choice is <html data-theme>: the lines take its palette when it changes.
+  new MutationObserver(rebuild).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
   poll();
 })();

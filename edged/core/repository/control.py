@@ -10,15 +10,13 @@ Modes, as Triton's ``--model-control-mode``:
 
 No downtime: a version is (re)loaded beside the one serving and takes requests only once READY; the one it
 replaces stops taking requests at that moment, finishes those it has (never interrupted), then unloads
-(retirement.py). A version that fails to load leaves the one serving in place, and the failure is recorded. A
-version whose files and config did not change is kept as it is.
-
+(retirement.py). A version that fails to load leaves the one serving in place, and the failure is recorded. What a
+reload does with each version is planned in plan.py (kept as it is, resized in place: resize.py, or loaded anew).
 Poll mode never loads a folder that is still being written (poll.py decides what a poll acts on).
 
 Every transition (loading, ready, failed and why, unloading, unloaded) goes to the state database with its origin
 (startup, poll, api, upload, sync, probation; a request through the console: console), when it happened and how
-long it took, through records.py (one thread of its own, so the event loop never waits for the disk). What a reload
-does with each version is planned in plan.py.
+long it took, through records.py (one thread of its own, so the event loop never waits for the disk).
 
 Everything here runs on the event loop; blocking work (reading configs, loading, unloading, hashing files) goes to
 the load pool, one model at a time per model (a lock per name), many models at once.
@@ -34,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edged.core.access import ACTOR, DOOR
-from edged.core.names import model_name_problem, printable
+from edged.core.names import load_name_refusal, model_name_problem, printable
 from edged.core.repository.ensembles import composing_models, ensembles_last, is_ensemble
 from edged.core.repository.files import FolderPrint, checksum, fingerprint
 from edged.core.repository.manager import ModelEntry, ModelState, ModelVersion, VersionsUnavailable
@@ -43,13 +41,14 @@ from edged.core.repository.plan import plan_versions
 from edged.core.repository.poll import FolderWatch
 from edged.core.repository.private_copies import PrivateCopies, private_root
 from edged.core.repository.records import ControlRecords
+from edged.core.repository.resize import resize_in_place
 from edged.core.repository.retirement import Retirements
 from edged.core.repository.scan import CONFIG_FILENAME, ModelSource
 from edged.core.repository.versions import Activation, VersionActivation
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from edged.core.repository.manager import ModelRepositoryManager
     from edged.proto.model_config_pb2 import ModelConfig
@@ -80,6 +79,10 @@ class ModelController:
     @property
     def mode(self) -> ControlMode:
         return self._options.mode
+
+    def observe(self, observer: Callable[[str, int | None, str, str, str], None]) -> None:
+        """Calls ``observer`` with each history event from now on, on the event loop: it must not block."""
+        self._records.observe(observer)
 
     # --- start and stop -----------------------------------------------------------------------------------------
 
@@ -145,15 +148,9 @@ class ModelController:
         written into it. It serves what its version policy selects, or an ``activation``'s versions."""
         if self._options.mode is not ControlMode.EXPLICIT and origin is Origin.API:
             raise EdgedError(ErrorCode.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled")
-        # Triton's checks of a name to load (not to unload), in its words.
-        trimmed = name.strip(" \t\n\r\f\v")
-        if not trimmed:
-            raise EdgedError(ErrorCode.INVALID_ARG, "Model name cannot be empty. Please enter a valid name to deploy.")
-        if trimmed == ".." or "/" in trimmed:
-            raise EdgedError(
-                ErrorCode.INVALID_ARG,
-                f"invalid model name '{printable(name)}', model name must not contain path traversal characters",
-            )
+        refusal = load_name_refusal(name)
+        if refusal is not None:
+            raise EdgedError(ErrorCode.INVALID_ARG, refusal)
         problem = model_name_problem(name)
         if problem is not None:
             # Triton's answer for a name it finds no folder for, with the reason a folder can never have it.
@@ -501,33 +498,12 @@ class ModelController:
         return failures
 
     async def _resize(self, version: ModelVersion, source: ModelSource, config: ModelConfig, origin: Origin) -> bool:
-        """Only instance counts changed: add and remove instances of the serving version in place (no reload, its
-        statistics go on). False when that failed, and the version is then reloaded beside instead."""
-        loop = asyncio.get_running_loop()
-        model, scheduler = version.backend_model, version.scheduler
-        assert model is not None and scheduler is not None
-        started = time.monotonic()
         context = self._manager.context(source, config, version.version)
-        try:
-            added, removed = await loop.run_in_executor(self._load_pool, model.resize, config, context)  # type: ignore[attr-defined]
-        except EdgedError as exc:
-            log.error("changing the instances of '%s' version %d failed: %s", version.name, version.version, exc)
-            return False
-        scheduler.add_instances(added)  # type: ignore[attr-defined]
-        await scheduler.remove_instances(removed)  # type: ignore[attr-defined]
-        await loop.run_in_executor(self._load_pool, model.finish_resize)  # type: ignore[attr-defined]
-        version.config = config
-        counts = ", ".join(f"{g.name}: {g.count}" for g in config.instance_group)
-        log.info("model '%s' version %d now has instances %s", version.name, version.version, counts)
-        self._transition(
-            version.name,
-            version.version,
-            ModelState.READY.value,
-            origin,
-            f"instances changed in place ({counts})",
-            duration_s=time.monotonic() - started,
-        )
-        return True
+        done = await resize_in_place(version, config, context, self._load_pool)
+        if done is not None:
+            reason = f"instances changed in place ({done[0]})"
+            self._transition(version.name, version.version, ModelState.READY.value, origin, reason, duration_s=done[1])
+        return done is not None
 
     def _load_version(
         self, source: ModelSource, config: ModelConfig, number: int
@@ -574,19 +550,12 @@ class ModelController:
         return self._copies.current(name) if self._options.mode is ControlMode.EXPLICIT else None
 
     async def _kept_override(self, name: str) -> Path | None:
-        """As Triton: a load without overrides of a model that serves a ``config`` override keeps serving it as
-        long as nothing in the model's repository folder changed since the override was made; a ``file:``
-        override, or a folder changed since, is undone (the repository's folder loads again)."""
-        current = self._private_current(name)
-        entry = self._manager.entry(name)
-        if current is None or entry is None or entry.source.path != current or not self._serves(name):
-            return None
-        made_ns = self._copies.config_only_since(name, current)
-        source = (await self._scan()).models.get(name)
-        if made_ns is None or source is None:
-            return None
-        folder = await asyncio.get_running_loop().run_in_executor(self._load_pool, fingerprint, source.path)
-        return current if folder is not None and folder.newest_ns <= made_ns else None
+        """The copy a load without overrides keeps serving from, if any (PrivateCopies.kept: Triton's rule)."""
+        entry, loop = self._manager.entry(name), asyncio.get_running_loop()
+        serving = entry.source.path if entry is not None and self._serves(name) else None
+        source = (await self._scan()).models.get(name) if serving is not None else None
+        folder = source.path if source is not None else None
+        return await loop.run_in_executor(self._load_pool, self._copies.kept, name, serving, folder)
 
     def _settle_private(self, name: str, private: Path | None) -> None:
         entry = self._manager.entry(name)

@@ -14,7 +14,7 @@ from google.protobuf import json_format, text_format
 
 from edged.core.confined import PathOutsideRoot, inside, make_dirs, remove_tree
 from edged.core.names import is_model_name, model_name_problem, printable
-from edged.core.repository.files import make_private_copy, sync_directory
+from edged.core.repository.files import fingerprint, make_private_copy, sync_directory
 from edged.errors import EdgedError, ErrorCode
 from edged.proto.model_config_pb2 import ModelConfig
 
@@ -139,6 +139,17 @@ class PrivateCopies:
         if origin_dir is not None:
             self._config_only.add(destination)
         return destination
+
+    def kept(self, name: str, serving: Path | None, folder: Path | None) -> Path | None:
+        """As Triton: a load without overrides of a model that serves (from ``serving``) a ``config`` override keeps
+        serving it as long as nothing in the model's repository ``folder`` changed since the override was made; a
+        ``file:`` override, or a folder changed since, is undone (None: the repository's folder loads again)."""
+        current = self.current(name)
+        if current is None or serving != current or folder is None:
+            return None
+        made_ns = self.config_only_since(name, current)
+        printed = fingerprint(folder)
+        return current if made_ns is not None and printed is not None and printed.newest_ns <= made_ns else None
 
     def config_only_since(self, name: str, path: Path) -> int | None:
         """When ``path``, one of the model's copies, was made (ns since the epoch) if it is the repository's folder

@@ -29,6 +29,12 @@ class ControlRecords:
     def __init__(self, store: StateStore | None) -> None:
         self._store = store
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="edged-state")
+        # Told every history event as it is recorded (the alert rules): (model, version, state, source, reason).
+        self._observers: list[Callable[[str, int | None, str, str, str], None]] = []
+
+    def observe(self, observer: Callable[[str, int | None, str, str, str], None]) -> None:
+        """Calls ``observer`` with each history event from now on, on the event loop: it must not block."""
+        self._observers.append(observer)
 
     @property
     def enabled(self) -> bool:
@@ -48,6 +54,12 @@ class ControlRecords:
     ) -> None:
         if self._store is not None:
             self._queue(self._store.transition, name, version, state, origin, reason, duration_s, actor)
+        for observer in self._observers:
+            try:
+                observer(name, version, state, origin, reason)
+            except Exception:
+                # An observer's fault never fails the load or unload that made the event.
+                log.exception("an observer of model '%s''s history failed", name)
 
     def seen(self, name: str, path: str, version: int, digest: str, size: int) -> None:
         if self._store is not None:

@@ -18,7 +18,7 @@ from litestar.template.config import TemplateConfig
 
 from edged import __version__
 from edged.errors import EdgedError
-from edged.frontends.console import admin, auth, history, live, logs, models, overview, sync, theme, uploads
+from edged.frontends.console import admin, alerts, auth, history, live, logs, models, overview, sync, theme, uploads
 from edged.frontends.console.pages import ConsoleContext, LoginNeeded, RoleNeeded, is_htmx, render
 from edged.frontends.console.templates import LazyJinja
 from edged.frontends.statuses import status_for
@@ -64,6 +64,7 @@ def create_console_app(context: ConsoleContext) -> ASGIApp:
             *history.ROUTES,
             *admin.ROUTES,
             *logs.ROUTES,
+            *alerts.ROUTES,
         ],
         guards=[auth.viewer],
     )

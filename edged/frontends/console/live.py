@@ -1,6 +1,9 @@
 """The live metrics page: charts of the short metrics history (edged.core.metrics_history) of every model or of
-one, and of the device. ``/metrics`` is the page (with a table of the latest values for a browser without
-JavaScript); ``/metrics/data`` is the history as JSON, which charts.js polls for the points after the last it has.
+one, and of the device. ``/metrics`` is the page (with a table of the values for a browser without JavaScript);
+``/metrics/data`` is the history as JSON, which charts.js polls for the points after the last it has.
+
+``range`` (a plain form field, so that it works without JavaScript) picks how much of the history the page shows:
+the charts' time span, and the span the table averages over.
 """
 
 from __future__ import annotations
@@ -8,21 +11,25 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from litestar import Request, Response, get
 from litestar.exceptions import NotFoundException
+from litestar.params import Parameter
 from litestar.response import Template
 
-from edged.core.metrics_history import BATCH_BUCKETS, PERCENTILES
+from edged.core.metrics_history import BATCH_BUCKETS, HISTORY_POINTS, PERCENTILES, SAMPLE_INTERVAL_S
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.console.pages import console, render
 
 if TYPE_CHECKING:
     from edged.core.service import InferenceService
 
-# The latest values are the mean of the last points: one second alone jumps with every batch.
-LATEST_WINDOW_S = 5.0
+# The spans the range picker offers (seconds; None: every point the daemon keeps), the first the default: a
+# minute is recent enough for the table's means to say how things are now, and long enough not to jump with
+# every batch as one second would.
+RANGES: dict[str, float | None] = {"1m": 60.0, "5m": 300.0, "all": None}
+DEFAULT_RANGE = "1m"
 # How often charts.js asks for new points (milliseconds); the history takes one a second.
 POLL_MS = 1500
 
@@ -34,6 +41,8 @@ class ModelLatest:
     name: str
     request_rate: float
     error_rate: float
+    rejected_rate: float
+    failed_rate: float
     latency_ms: dict[str, float | None]
     queue_ms: float | None
     compute_ms: float | None
@@ -70,14 +79,35 @@ def bucket_labels() -> list[str]:
     return labels
 
 
+def range_choices(kept_s: float) -> list[tuple[str, str, str, float | None]]:
+    """The range picker's options as (value, label, what the table's heading says of it, seconds or None for
+    all); the last names how long the daemon keeps points."""
+    kept = f"{kept_s / 60:.0f} minutes" if kept_s >= 120 else f"{kept_s:.0f} seconds"
+    phrases = {
+        "1m": ("Last minute", "the last minute"),
+        "5m": ("Last 5 minutes", "the last 5 minutes"),
+        "all": (f"All it keeps ({kept})", f"all it keeps, {kept}"),
+    }
+    return [(value, *phrases[value], seconds) for value, seconds in RANGES.items()]
+
+
 @get("/metrics")
-async def metrics_page(request: Request[Any, Any, Any], model: str = "") -> Template:
+async def metrics_page(
+    request: Request[Any, Any, Any],
+    model: str = "",
+    chosen: Annotated[str, Parameter(query="range")] = DEFAULT_RANGE,
+) -> Template:
     service = console(request).service
     names = _model_names(service)
     selected = model or None
     if selected is not None and selected not in names:
         raise NotFoundException(f"there is no model '{selected}' to show")
-    history = _history(service, selected, time.time() - LATEST_WINDOW_S)
+    if chosen not in RANGES:
+        choices = ", ".join(f"'{value}'" for value in RANGES)
+        raise EdgedError(ErrorCode.INVALID_ARG, f"'range' must be one of {choices}")
+    span = RANGES[chosen]
+    history = _history(service, selected, time.time() - span if span is not None else None)
+    kept_s = history.get("capacity", HISTORY_POINTS) * history.get("interval_s", SAMPLE_INTERVAL_S)
     return render(
         request,
         "metrics.html",
@@ -86,7 +116,9 @@ async def metrics_page(request: Request[Any, Any, Any], model: str = "") -> Temp
         models=_models_latest(history),
         device=_device_latest(history),
         poll_ms=POLL_MS,
-        window_s=LATEST_WINDOW_S,
+        chosen_range=chosen,
+        range_s=span,
+        ranges=range_choices(kept_s),
         buckets=bucket_labels(),
         percentiles=[label for label, _ in PERCENTILES],
     )
@@ -109,7 +141,7 @@ def _model_names(service: InferenceService) -> list[str]:
     return sorted(names | set(_history(service, None, time.time()).get("models", {})))
 
 
-def _history(service: InferenceService, model: str | None, since: float) -> dict[str, Any]:
+def _history(service: InferenceService, model: str | None, since: float | None) -> dict[str, Any]:
     try:
         return service.metrics_history(model, since)
     except EdgedError:
@@ -135,6 +167,8 @@ def _models_latest(history: dict[str, Any]) -> list[ModelLatest]:
                 name=name,
                 request_rate=_mean(series["request_rate"]) or 0.0,
                 error_rate=_mean(series["error_rate"]) or 0.0,
+                rejected_rate=_mean(series["rejected_rate"]) or 0.0,
+                failed_rate=_mean(series["failed_rate"]) or 0.0,
                 latency_ms={label: _mean(values) for label, values in series["latency_ms"].items()},
                 queue_ms=_mean(series["queue_ms"]),
                 compute_ms=_mean(series["compute_ms"]),
