@@ -1,10 +1,9 @@
 """One instance of a Python model: its stub process, the requests in flight on it, and its supervision.
 
-Threads: ``spawn``/``wait_initialized`` run on the load thread (blocking). From ``attach`` on, everything runs on
-the event loop: ``execute_async`` sends a batch and awaits the stub's reply, the stub's messages (decoupled
-responses, BLS calls, logs) are handled as they arrive, and a stub that dies (or overruns execute-timeout-seconds,
-when set) fails what it had in flight and is restarted in the background; the instance is not ready until the
-restart is done.
+Threads: ``spawn``/``wait_initialized`` run on the load thread (blocking). From ``attach`` on, everything runs on the
+event loop: ``execute_async`` sends a batch and awaits the stub's reply, the stub's messages (decoupled responses,
+BLS calls, logs) are handled as they arrive, and a stub that dies (or overruns execute-timeout-seconds, when set)
+fails what it had in flight and is restarted in the background; the instance is not ready until that is done.
 """
 
 from __future__ import annotations
@@ -82,15 +81,13 @@ class PythonInstance:
         self._restart: asyncio.Task[None] | None = None
         # Stub processes that died while serving: a model on probation after an update is judged by it.
         self.crashes = 0
-        self._batch_ids = itertools.count(1)
-        self._rids = itertools.count(1)
+        self._batch_ids, self._rids = itertools.count(1), itertools.count(1)  # batches sent, requests in them
         self._batches: dict[int, _Batch] = {}
         self._streams: dict[int, InferRequest] = {}
         # BLS requests and model-management calls from the model (to whichever stub is current).
         self._calls = ServerCalls(name, state.host, lambda: self._stub)
-        self._has_is_ready = False
-        self._user_ready = True
-        self._ready_asked = 0.0
+        # The model's own is_ready (when it has one), its last answer, and when it was asked.
+        self._has_is_ready, self._user_ready, self._ready_asked = False, True, 0.0
         self._watchdog: asyncio.TimerHandle | None = None
         # Told when a batch is answered (with how long the stub took) or failed, and when a restart is done.
         self.on_free: Callable[[PythonInstance, int | None], None] | None = None
@@ -104,8 +101,7 @@ class PythonInstance:
     @property
     def pid(self) -> int | None:
         """The stub's process id while it runs; None between a crash and its restart, and once stopped."""
-        stub = self._stub
-        return stub.process.pid if stub is not None and not stub.gone else None
+        return self._stub.process.pid if self._stub is not None and not self._stub.gone else None
 
     @property
     def available(self) -> bool:
