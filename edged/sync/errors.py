@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 from edged.core.names import escape_controls
+
+# Where the object-store clients come from (MISSING_CLIENT): the edged-sync package on a device installed from the
+# .deb, the sync extra where edged was installed with pip.
+INSTALL_HINT: Final = "install the edged-sync package, or edged[sync] with pip"
 
 
 class SourceProblem(enum.Enum):

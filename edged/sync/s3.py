@@ -116,11 +116,13 @@ class S3Repository:
                 credential_provider=provider,  # type: ignore[arg-type]
             )
         except Exception as exc:
-            # obstore builds its HTTP client here: a certificate or proxy it cannot use fails now.
+            # obstore builds its HTTP client here: a certificate or proxy it cannot use fails now, and so does a
+            # system without CA certificates (a minimal root without ca-certificates), even for an http:// endpoint.
             text = str(exc).split("\n", 1)[0]
             raise SyncError(
                 SourceProblem.BAD_URL,
-                f"{source}: the S3 client refused its settings ({text}): check AWS_CA_BUNDLE and the proxy variables",
+                f"{source}: the S3 client refused its settings ({text}): check AWS_CA_BUNDLE, the proxy variables"
+                " and that the system's CA certificates are installed (ca-certificates)",
             ) from None
 
     async def list(self) -> list[RemoteEntry]:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from edged.sync.errors import SourceProblem, SyncError
+from edged.sync.errors import INSTALL_HINT, SourceProblem, SyncError
 from edged.sync.plan import RemoteEntry
 from edged.sync.runner import METADATA_DIR, Listing
 
@@ -39,7 +39,7 @@ def _import_tuf() -> None:
     try:
         import tuf.ngclient  # noqa: F401
     except ImportError as exc:
-        raise SyncError(SourceProblem.MISSING_CLIENT, "signed sources need python-tuf: install edged[sync]") from exc
+        raise SyncError(SourceProblem.MISSING_CLIENT, f"signed sources need python-tuf: {INSTALL_HINT}") from exc
 
 
 class TufVerifier:

@@ -30,7 +30,7 @@ from edged.sync.credentials import (
     s3_credentials,
     with_systemd_credentials,
 )
-from edged.sync.errors import SourceProblem, SyncError
+from edged.sync.errors import INSTALL_HINT, SourceProblem, SyncError
 
 if TYPE_CHECKING:
     from edged.sync.plan import RemoteEntry
@@ -146,7 +146,7 @@ def _require(module: str, url: str) -> None:
     except ModuleNotFoundError:
         found = False
     if not found:
-        raise SyncError(SourceProblem.MISSING_CLIENT, f"{url} needs {module}: install edged[sync]")
+        raise SyncError(SourceProblem.MISSING_CLIENT, f"{url} needs {module}: {INSTALL_HINT}")
 
 
 def relative_key(key: str, prefix: str) -> str | None:

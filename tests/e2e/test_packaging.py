@@ -1,4 +1,5 @@
-"""The .deb: ``packaging/build-deb`` builds it, and it installs into a throwaway Debian root and runs there.
+"""The .debs: ``packaging/build-deb`` builds edged's and edged-sync's, and they install into a throwaway Debian root
+and run there.
 
 Both slow parts are cached between runs, so a warm run takes about a minute: the wheels the virtualenv is made of
 (``/var/tmp/edged-wheelhouse``, filled from PyPI on the first build) and a minimal Debian root made by debootstrap
@@ -31,6 +32,7 @@ from typing import Final
 
 import pytest
 from console_session import PASSWORD, http_login
+from objectstores import S3Bucket, moto_server, write_repository
 from server import REPO_ROOT
 
 import edged
@@ -67,6 +69,7 @@ class Deb:
     members: dict[str, tarfile.TarInfo]  # "/usr/bin/edged" -> its entry in the data archive
     tree: Path  # the data archive extracted
     leaked: list[str]  # members that name the build directory
+    sync_path: Path  # edged-sync's package, built with it
 
     def read(self, name: str) -> bytes:
         return (self.tree / name.lstrip("/")).read_bytes()
@@ -97,9 +100,10 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deb]:
     build = _run(
         str(REPO_ROOT / "packaging/build-deb"), "--output", str(tmp / "dist"), timeout=BUILD_TIMEOUT_S, env=env
     )
-    path = Path(_ok(build).strip().splitlines()[-1])
+    path, sync_path = map(Path, _ok(build).strip().splitlines()[-2:])
     arch = _ok(_run("dpkg", "--print-architecture")).strip()
     assert path == tmp / "dist" / f"edged_{edged.__version__}_{arch}.deb"
+    assert sync_path == tmp / "dist" / f"edged-sync_{edged.__version__}_{arch}.deb"
 
     members: dict[str, tarfile.TarInfo] = {}
     leaked: list[str] = []
@@ -116,7 +120,7 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deb]:
     assert dpkg.returncode == 0
     tree = tmp / "tree"
     _ok(_run("dpkg-deb", "--extract", str(path), str(tree)))
-    yield Deb(path, members, tree, leaked)
+    yield Deb(path, members, tree, leaked, sync_path)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -167,6 +171,37 @@ def test_control_fields(deb: Deb) -> None:
     if any(line.startswith("systemd-python==") for line in frozen):
         assert "libsystemd0" in names, depends
     assert "adduser | systemd-sysusers" in depends
+
+
+def test_the_sync_package(deb: Deb) -> None:
+    """edged-sync holds the sync extra's packages for the same /opt/edged, and nothing edged's package holds."""
+
+    def field(name: str) -> str:
+        return _ok(_run("dpkg-deb", "--field", str(deb.sync_path), name)).strip()
+
+    assert field("Package") == "edged-sync"
+    assert field("Version") == edged.__version__
+    depends = [alternatives.strip() for alternatives in field("Depends").split(",")]
+    assert depends[0] == f"edged (= {edged.__version__})", depends
+    assert "ca-certificates" in depends  # the S3 client does not start without them
+    files = [
+        line.split(maxsplit=5)[5].removeprefix(".").split(" -> ")[0]
+        for line in _ok(_run("dpkg-deb", "--contents", str(deb.sync_path))).splitlines()
+        if not line.startswith("d")
+    ]
+    assert files, "edged-sync holds no files"
+    site = f"{PREFIX}/lib/python{_python_minor()}/site-packages/"
+    for module in ("obstore/", "gcloud/aio/storage/", "tuf/ngclient/", "securesystemslib/", "cryptography/"):
+        assert any(name.startswith(site + module) for name in files), module
+    assert [name for name in files if name in deb.members] == []
+    outside = [name for name in files if not name.startswith((f"{PREFIX}/", "/usr/share/doc/edged-sync/"))]
+    assert outside == []
+    # Its modules are compiled: they are loaded only where a sync runs, and /opt/edged is not the edged user's.
+    minor = _python_minor().replace(".", "")
+    assert f"{site}tuf/ngclient/__pycache__/updater.cpython-{minor}.pyc" in files
+    # edged's own requirements.txt lists none of them.
+    frozen = deb.read("/usr/share/doc/edged/requirements.txt").decode().lower()
+    assert "obstore==" not in frozen and "tuf==" not in frozen
 
 
 def test_conffiles_and_maintainer_scripts(deb: Deb, tmp_path: Path) -> None:
@@ -298,9 +333,10 @@ def _release() -> str:
 
 
 def _cached_root() -> Path:
-    """A debootstrap minbase root of this machine's release with what the package depends on beyond minbase."""
+    """A debootstrap minbase root of this machine's release with what the packages depend on beyond minbase (the
+    tests install them with dpkg, which fetches nothing): ca-certificates is edged-sync's."""
     release = _release()
-    include = f"python{_python_minor()},adduser"
+    include = f"python{_python_minor()},adduser,ca-certificates"
     root = CACHE / f"edged-debroot-{release}"
     stamp = f"{release} {include} {MIRROR}\n"
     with (CACHE / f"edged-debroot-{release}.lock").open("w") as lock:
@@ -375,6 +411,7 @@ def test_installs_runs_and_purges_in_a_debian_root(deb: Deb, debian_root: Path) 
     written = _ok(_in_root(root, "find", PREFIX, "-newer", "/tmp/before-run"))
     assert written == ""
     _serve_packaged_in_root(root)
+    _sync_in_root(root, deb)
 
     # postinst: the user and directories of the sysusers.d / tmpfiles.d snippets (here through adduser and
     # install -d: the root has no systemd), and the unit enabled through deb-systemd-helper.
@@ -397,6 +434,13 @@ def test_installs_runs_and_purges_in_a_debian_root(deb: Deb, debian_root: Path) 
     assert wanted_by, "edged.service has no WantedBy="
     for target in " ".join(wanted_by).split():
         assert (root / f"etc/systemd/system/{target}.wants/edged.service").is_symlink(), target
+
+    # edged-sync goes first (dpkg keeps edged while a package depends on it), and leaves edged whole.
+    refused = _in_root(root, "dpkg", "--remove", "edged")
+    assert refused.returncode != 0 and "edged-sync depends on edged" in refused.stderr, refused
+    _ok(_in_root(root, "dpkg", "--remove", "edged-sync"))
+    assert not (root / f"{PREFIX.lstrip('/')}/lib/python{_python_minor()}/site-packages/obstore").exists()
+    assert _ok(_in_root(root, "edged", "--version")) == f"edged {edged.__version__}\n"
 
     # remove keeps the configuration and the state; purge removes both.
     (root / "var/lib/edged/edged.db").write_text("state")
@@ -509,6 +553,47 @@ def _serve_packaged_in_root(root: Path) -> None:
     finally:
         _stop_in_root(unshare)
     assert unshare.returncode == 0, log_path.read_text(errors="replace")
+
+
+def _sync_in_root(root: Path, deb: Deb) -> None:
+    """A repository in S3 (moto's real server, reached from the root over loopback): without edged-sync the daemon
+    refuses to start and names the package to install; with it, it syncs the bucket and serves its models, having
+    compiled nothing new (edged-sync's bytecode is valid where it lies)."""
+    credentials = {"AWS_ACCESS_KEY_ID": "edged-test", "AWS_SECRET_ACCESS_KEY": "edged-secret"}
+    with moto_server() as port:
+        bucket = S3Bucket(f"127.0.0.1:{port}", "device-models", credentials)
+        for key, data in write_repository(root / "tmp/published").items():
+            bucket.put(f"repo/{key}", data)
+        command = ["edged", "serve", f"--model-repository=s3://127.0.0.1:{port}/device-models/repo"]
+        command += ["--state-dir=/tmp/sync-state", "--sync-interval-secs=3600"]
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", **credentials}
+        refused = _in_root(root, "env", *(f"{name}={value}" for name, value in env.items()), *command)
+        assert refused.returncode != 0, refused
+        assert "needs obstore: install the edged-sync package" in refused.stdout + refused.stderr, refused
+
+        shutil.copy(deb.sync_path, root / "tmp/edged-sync.deb")
+        _ok(_in_root(root, "dpkg", "--install", "/tmp/edged-sync.deb"))
+        (root / "tmp/before-sync").touch()
+        http = _free_port()
+        command += [f"--http-port={http}", f"--grpc-port={_free_port()}", f"--metrics-port={_free_port()}"]
+        command += [f"--console-port={_free_port()}"]
+        unshare = ["unshare", "--mount", "--pid", "--fork", "--kill-child=SIGTERM", f"--mount-proc={root}/proc"]
+        log_path = root / "tmp/edged-sync.log"
+        with log_path.open("wb") as log_file:
+            daemon = subprocess.Popen(
+                [*unshare, "chroot", str(root), *command], env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=log_file,
+            )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while _status(f"http://127.0.0.1:{http}/v2/models/add_sub_int32/ready") != 200:
+                assert daemon.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
+                time.sleep(0.2)
+            assert _status(f"http://127.0.0.1:{http}/v2/models/add_sub/ready") == 200
+        finally:
+            _stop_in_root(daemon)
+        assert daemon.returncode == 0, log_path.read_text(errors="replace")
+    assert _ok(_in_root(root, "find", PREFIX, "-newer", "/tmp/before-sync")) == ""
 
 
 def _stop_in_root(unshare: subprocess.Popen[bytes]) -> None:
