@@ -41,8 +41,9 @@ class SyncObserver(Protocol):
         """``source`` serves ``revision`` now."""
         ...
 
-    def rollback(self, source: str, model: str) -> None:
-        """``model`` failed its probation and was rolled back."""
+    def rollback(self, source: str, model: str, revision: str, why: str) -> None:
+        """``model`` of ``revision`` was kept at its last good files: ``why`` says how it failed ("failed its
+        probation: ..." or "was refused before the switch: ...")."""
         ...
 
 
@@ -61,9 +62,9 @@ class SyncObservers:
         for observer in self._observers:
             _guarded(observer.revision, source, revision)
 
-    def rollback(self, source: str, model: str) -> None:
+    def rollback(self, source: str, model: str, revision: str, why: str) -> None:
         for observer in self._observers:
-            _guarded(observer.rollback, source, model)
+            _guarded(observer.rollback, source, model, revision, why)
 
 
 def _guarded(call: Callable[..., None], *args: Any) -> None:

@@ -273,8 +273,10 @@ class RepositorySync:
             message += f"; refused before the switch, keeping their files: {reason}"
             source.held_back = source.held_back | {result.remote_revision}
             await self._set_verdict(source, result.remote_revision, "bad", reason)
-            for name in result.refused:
-                self._observer.rollback(source.url, name)
+            for name, why in sorted(result.refused.items()):
+                self._observer.rollback(
+                    source.url, name, result.remote_revision, f"was refused before the switch: {why}"
+                )
         run = await self._record(
             source,
             "updated",
@@ -349,8 +351,8 @@ class RepositorySync:
         reason = "; ".join(f"model '{name}': {why}" for name, why in sorted(failed.items()))
         good = source.store.good()
         mixed = await asyncio.to_thread(self._roll_back, source, current, good, set(failed), revision)
-        for name in failed:
-            self._observer.rollback(source.url, name)
+        for name, why in sorted(failed.items()):
+            self._observer.rollback(source.url, name, revision, f"failed its probation: {why}")
         log.error(
             "revision %s of %s failed its probation (%s): rolling %s back to revision %s",
             revision,

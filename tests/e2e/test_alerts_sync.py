@@ -260,9 +260,12 @@ def test_a_synced_update_rolled_back_by_its_probation_sends_an_alert(device: Dev
 
     document = only(after_a_test_alert(hook, admin, device.secret, before), "probation-rollback")
     assert document["subject"] == "add_sub", document
-    assert document["message"] == (
-        f"model 'add_sub' was rolled back: the update synced from {device.source} failed its probation"
+    # It names the revision and the model's own error, as the sync's history does.
+    assert document["message"].startswith(
+        f"model 'add_sub' was rolled back: revision {run['revision']} synced from {device.source} failed its"
+        " probation: "
     ), document
+    assert "warmup" in document["message"], document
     assert document["title"] == "A probation rolled an upload or a synced update back"
     assert document["value"] is None and document["threshold"] is None, document
     wait_until(

@@ -56,10 +56,13 @@ def test_a_probation_rollback_fires_for_an_upload_removed_by_its_probation_and_a
     assert alert.kind == "probation-rollback" and "failed its probation" in alert.message
     # Removed by someone (the API's delete), not by a probation: no alert.
     assert evaluator.model_event("m", 2, "UPLOAD_REMOVED", "api", "deleted") == []
-    [synced] = evaluator.sync_rollback("s3://bucket/repo", "m")
-    assert synced.subject == "m" and "s3://bucket/repo" in synced.message
+    [synced] = evaluator.sync_rollback("s3://bucket/repo", "m", "r7", "failed its probation: warmup failed")
+    assert synced.subject == "m"
+    assert synced.message == (
+        "model 'm' was rolled back: revision r7 synced from s3://bucket/repo failed its probation: warmup failed"
+    )
     evaluator.set_rules([Rule(RuleKind.PROBATION_ROLLBACK, False)])
-    assert evaluator.sync_rollback("s3://bucket/repo", "m") == []
+    assert evaluator.sync_rollback("s3://bucket/repo", "m", "r7", "failed its probation: warmup failed") == []
 
 
 def test_a_sync_failing_fires_once_per_streak_of_n() -> None:

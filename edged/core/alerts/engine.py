@@ -151,9 +151,9 @@ class Alerts:
     def revision(self, source: str, revision: str) -> None:
         """The sync's observer: nothing to judge in a new revision."""
 
-    def rollback(self, source: str, model: str) -> None:
-        """The sync's observer: a synced update failed its probation and was rolled back."""
-        self._fire(self._evaluator.sync_rollback(source, model))
+    def rollback(self, source: str, model: str, revision: str, why: str) -> None:
+        """The sync's observer: a synced update failed its probation and was rolled back, or was refused."""
+        self._fire(self._evaluator.sync_rollback(source, model, revision, why))
 
     def _fire(self, alerts: list[Alert]) -> None:
         for alert in alerts:

@@ -195,16 +195,14 @@ class Evaluator:
         why = f" (the last: {problem})" if problem else ""
         return [self._alert(rule, source, f"the sync of {source} failed {count} times in a row{why}", count)]
 
-    def sync_rollback(self, source: str, model: str) -> list[Alert]:
-        """A synced update of ``model`` failed its probation and was rolled back."""
+    def sync_rollback(self, source: str, model: str, revision: str, why: str) -> list[Alert]:
+        """A synced update of ``model`` (in ``revision``) failed its probation and was rolled back, or was refused
+        before the switch; ``why`` says which, with the model's error."""
         rule = self._on(RuleKind.PROBATION_ROLLBACK)
         if rule is None:
             return []
-        return [
-            self._alert(
-                rule, model, f"model '{model}' was rolled back: the update synced from {source} failed its probation"
-            )
-        ]
+        message = f"model '{model}' was rolled back: revision {revision} synced from {source} {why}"
+        return [self._alert(rule, model, message)]
 
     # --- gauges ---------------------------------------------------------------------------------------------
 

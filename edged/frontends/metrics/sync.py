@@ -65,5 +65,5 @@ class SyncMetrics:
         self._revision.labels(source, revision).set(1)
         self._shown[source] = revision
 
-    def rollback(self, source: str, model: str) -> None:
+    def rollback(self, source: str, model: str, revision: str, why: str) -> None:
         self._rollbacks.labels(source, model).inc()
