@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
     from edged.core.backend_api import Backend, CustomMetricFamily, ServerApi
 
 log = logging.getLogger(__name__)
+
+# ONNX Runtime's Linux builds keep a telemetry store (a device id and an event database) under
+# $HOME/.cache/Microsoft, which for the service is its state directory; an appliance records and sends nothing it
+# was not asked to. Set before any backend imports ONNX Runtime (ours, OpenVINO's, a model.py's in a stub process,
+# which inherits it); an operator who sets the variable keeps their value.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 PLUGIN_GROUP = "edged.backends"
 
