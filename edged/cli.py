@@ -251,7 +251,8 @@ def _sync_status(status: dict[str, Any]) -> str:
     for source in status["sources"]:
         lines.append(f"{source['url']} ({'signed' if source['signed'] else 'unsigned'})")
         lines.append(f"  phase       {source['phase']}")
-        lines.append(f"  revision    {source['revision'] or '(none yet)'} (last known good: {source['good_revision']})")
+        good = source["good_revision"] or "none yet"
+        lines.append(f"  revision    {source['revision'] or '(none yet)'} (last known good: {good})")
         if source["held_back"]:
             lines.append(f"  held back   {', '.join(source['held_back'])}")
         lines.append(f"  last sync   {source['last_success_at'] or 'never'}")

@@ -241,10 +241,13 @@ class RepositorySync:
     async def _failed(self, source: _Source, error: SyncError, seconds: float) -> SyncRunRecord:
         source.failures += 1
         source.last_error = str(error)
-        log.error("sync of %s failed (%s); the current revision keeps serving", source.url, error)
-        self._observer.run(source.url, "failed", error.problem.name.lower(), 0, seconds)
         current = source.store.current()
         revision = current.revision if current is not None else None
+        if revision is None:  # nothing synced yet: there is no revision of it to keep
+            log.error("sync of %s failed (%s); nothing of it serves until a sync succeeds", source.url, error)
+        else:
+            log.error("sync of %s failed (%s); revision %s keeps serving", source.url, error, revision)
+        self._observer.run(source.url, "failed", error.problem.name.lower(), 0, seconds)
         return await self._record(
             source, "failed", revision, revision, 0, 0, error.problem.name.lower(), str(error), seconds
         )

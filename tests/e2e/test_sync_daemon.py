@@ -220,6 +220,9 @@ def test_an_unreachable_bucket_at_boot_serves_the_last_snapshot(
             assert source["consecutive_failures"] >= 1
             done = edged("sync", "status", "--url", f"http://{server.http_url}")
             assert done.returncode == 0 and "last error" in done.stdout, done
+            assert f"(last known good: {source['good_revision']})" in done.stdout, done
+            # The log names what keeps serving: the last snapshot's revision.
+            assert f"revision {source['revision']} keeps serving" in server.log_file.read_text(), source
 
 
 def test_a_model_whose_new_config_is_refused_keeps_serving_and_its_revision_is_held_back(

@@ -280,6 +280,8 @@ def test_a_broken_config_is_refused_with_its_line_and_nothing_changes(server: Se
     assert body["problems"] and body["problems"][0].startswith("broken/config.pbtxt:3:"), body
     assert "TYPE_NOPE" in body["error"]
     assert tree(repository) == before
+    # The log keeps the reason too, for whoever looks at the device later.
+    assert f"upload of model 'broken' refused: {body['problems'][0]}" in server.log_file.read_text()
     assert not (scratch_of(server) / "state" / "uploads").exists() or not any(
         (scratch_of(server) / "state" / "uploads").iterdir()
     )

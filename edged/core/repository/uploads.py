@@ -43,7 +43,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from edged.core.confined import inside, make_dirs, remove_tree
-from edged.core.names import model_name_problem, printable
+from edged.core.names import escape_controls, model_name_problem, printable
 from edged.core.repository.archives import ArchiveKind, ArchiveLimits, Member, extract, inspect
 from edged.core.repository.deletion import ModelDeletion
 from edged.core.repository.files import sync_directory
@@ -184,7 +184,13 @@ class ModelUploads:
         self._check_request(name, activate)
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
-            return await self._install(name, archive, kind, activate)
+            try:
+                return await self._install(name, archive, kind, activate)
+            except EdgedError as error:
+                # The uploader sees the reasons; the log keeps them for whoever looks at the device later.
+                reasons = "; ".join(error.problems) if isinstance(error, UploadInvalid) else error.message
+                log.warning("upload of model '%s' refused: %s", printable(name), escape_controls(reasons))
+                raise
 
     def _check_request(self, name: str, activate: bool) -> None:
         problem = model_name_problem(name)
