@@ -27,7 +27,7 @@ from edged.state.audit import DAEMON, AuditRecord, Event, EventKey
 
 if TYPE_CHECKING:
     from edged.core.accounts import AuditEntry
-    from edged.state.store import StateStore
+    from edged.state.store import HistoryEvent, StateStore
 
 __all__ = [
     "CSV_HEADER",
@@ -39,6 +39,7 @@ __all__ = [
     "actor_of",
     "csv_cell",
     "csv_rows",
+    "transition_event",
     "write_csv",
 ]
 
@@ -156,6 +157,26 @@ def actor_of(actor: str | None) -> str:
     """Who did it, spelled as stored and everywhere alike ("user:ada", "token:ci", "cli"): edged's own changes,
     stored without an actor, are DAEMON's."""
     return DAEMON if actor is None else actor
+
+
+def transition_event(transition: HistoryEvent) -> Event:
+    """A model's state transition as the history reads it (``edged.state.audit``'s union gives it these fields), so
+    that the pages that list only transitions (a model's, the overview) show them as the history page does."""
+    return Event(
+        "transition",
+        transition.id,
+        transition.at,
+        transition.source,
+        transition.actor,
+        transition.state,
+        transition.model,
+        transition.version,
+        transition.previous,
+        None,
+        transition.reason,
+        None,
+        transition.duration_s,
+    )
 
 
 def csv_cell(value: object) -> str:

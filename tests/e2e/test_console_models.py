@@ -25,7 +25,7 @@ from playwright.sync_api import expect
 from server import REPO_ROOT, Server, run_server
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Dialog, Page, Route
+    from playwright.sync_api import Browser, Dialog, Locator, Page, Route
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
@@ -143,6 +143,22 @@ def _wait_for_answers(loop: ClosedLoop, factor: int, after: int) -> None:
 def _expect_result(page: Page, text: str) -> None:
     """The result line of the last action, once it has come."""
     expect(page.locator("#model-result p")).to_have_text(text, timeout=WAIT_MS)
+
+
+def _history_rows(section: Locator) -> list[dict[str, str]]:
+    """The history table in ``section`` as it shows it: one dict per row, keyed by the column headers."""
+    table = section.locator("table.history")
+    names = [name.strip() for name in table.locator("thead th").all_inner_texts()]
+    return [
+        dict(zip(names, (cell.strip() for cell in row.locator("td").all_inner_texts()), strict=True))
+        for row in table.locator("tbody tr").all()
+    ]
+
+
+def _steps(row: Locator) -> list[str]:
+    """The steps folded under a history row, without their times and details (``model loading``, ``v2 ready``),
+    sorted: a version's retirement may begin before or after its activation is recorded."""
+    return sorted(step.split(" ", 1)[1].split(":")[0] for step in row.locator("details.steps li").all_text_contents())
 
 
 # --- reading -------------------------------------------------------------------------------------------------
@@ -434,6 +450,60 @@ def test_a_viewer_sees_no_controls_and_is_refused(
     )
     assert status == 403
     assert client.is_model_ready(SCALED) and _factor(_infer(client)) == 3
+
+
+def test_an_activation_is_one_row_on_the_model_page_and_the_overview(server: Server, page: Page) -> None:
+    """The model page's history and the overview's latest events fold an action's steps under it, in the history
+    page's words: an activation is one row, its loads and unloads folded under it; two activations, two rows."""
+    browser_login(page, server.console_url, "otto")
+    page.goto(f"{server.console_url}/models/{SCALED}")
+    page.on("dialog", lambda dialog: dialog.accept())
+    history = page.locator("section[aria-labelledby=history-h]")
+    newest = history.locator("table.history tbody tr").first
+    for version, was in ((2, 3), (3, 2)):
+        page.get_by_role("button", name=f"Activate version {version}").click()
+        _expect_result(page, f"{SCALED}: activated: version {version} serves now (was {was})")
+        expect(newest).to_contain_text(f"version {version} activated (was {was})", timeout=WAIT_MS)
+        # The version it replaced retires once its last requests are done: its unload is a step of the row too,
+        # which the page's reloads bring.
+        expect(newest.locator("details.steps")).to_contain_text(f"v{was} unloaded", timeout=WAIT_MS)
+    activations = [
+        sorted(["model loading", f"v{version} loading", f"v{version} ready", "model activated",
+                f"v{was} unloading", f"v{was} unloaded"])
+        for version, was in ((3, 2), (2, 3))
+    ]  # fmt: skip
+    rows = _history_rows(history)
+    assert [(row["Action"], row["Model"], row["By"], row["Source"]) for row in rows[:2]] == [
+        ("activated", SCALED, "user:otto", "console"),
+    ] * 2, rows
+    assert rows[0]["Detail"] == "version 3 activated (was 2)\n6 steps", rows[0]
+    assert rows[1]["Detail"] == "version 2 activated (was 3)\n6 steps", rows[1]
+    assert [_steps(row) for row in history.locator("table.history tbody tr").all()[:2]] == activations
+    assert_accessible(page)
+
+    # The steps a person opens stay open while the page reloads its live part.
+    newest.locator("summary").click()
+    opened = newest.locator("details.steps")
+    expect(opened).to_have_attribute("open", "")
+    steps_id = opened.get_attribute("id")
+    # The next reload replaces the element: the one in the new content is open.
+    before = opened.element_handle()
+    page.wait_for_function("details => !details.isConnected", arg=before, timeout=WAIT_MS)
+    expect(page.locator(f"#{steps_id}")).to_have_attribute("open", "")
+
+    # The overview's latest events: the same rows, in the same words.
+    page.goto(server.console_url + "/")
+    latest = page.locator("section[aria-labelledby=events-h]")
+    rows = _history_rows(latest)
+    assert [(row["Action"], row["Model"], row["Detail"], row["By"]) for row in rows[:2]] == [
+        ("activated", SCALED, "version 3 activated (was 2)\n6 steps", "user:otto"),
+        ("activated", SCALED, "version 2 activated (was 3)\n6 steps", "user:otto"),
+    ], rows
+    assert [_steps(row) for row in latest.locator("table.history tbody tr").all()[:2]] == activations
+    expect(latest.get_by_role("link", name="All events")).to_have_attribute("href", "/history")
+    latest.locator("table.history tbody tr").first.locator("summary").click()
+    assert_accessible(page)
+    screenshot(page, "console-overview-events")
 
 
 # --- a daemon whose models cannot be loaded on request -------------------------------------------------------------

@@ -138,11 +138,13 @@ def test_an_unload_in_the_console_during_the_probation_keeps_every_version(
     expect(history).to_contain_text("probation ended", timeout=WAIT_MS)
     assert files(folder) == ["1/model.onnx", "2/model.onnx", "config.pbtxt"]
     expect(history).not_to_contain_text("upload removed")
-    # Who, and through which door: edged itself for the probation, the operator through the console for the unload.
-    ended = history.locator("tbody tr", has_text="probation ended").first
-    assert ended.locator("td").nth(4).inner_text().split() == ["edged", "probation"]
-    unloading = history.locator("tbody tr", has_text="unloading").first
-    assert unloading.locator("td").nth(4).inner_text().split() == ["user:otto", "console"]
+    # Who, and through which door: edged itself for the probation, the operator through the console for the unload
+    # (one row, its unloading folded under it).
+    rows = history_rows(page)
+    ended = next(row for row in rows if row["Action"] == "probation ended")
+    assert (ended["By"], ended["Source"]) == ("edged", "probation"), rows
+    unloaded = next(row for row in rows if row["Action"] == "unloaded")
+    assert (unloaded["By"], unloaded["Source"]) == ("user:otto", "console"), rows
 
     # What the page offers works: load it, activate the other version, and then roll back to the first.
     assert actions(page) == [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from edged.frontends.console.history import FOLD_WINDOW_S, fold, word
+from edged.frontends.console.history import FOLD_WINDOW_S, fold, page_rows, word
 from edged.state.audit import Event
 
 START = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
@@ -87,6 +87,19 @@ def test_an_upload_and_the_load_it_led_to_are_one_row() -> None:
     rows = fold(_newest_first(_events(("UPLOADED", 2), ("LOADING", None), ("LOADING", 2), ("READY", 2),
                                       ("SERVING", None), source="upload")))  # fmt: skip
     assert len(rows) == 1 and rows[0].head.action == "UPLOADED"
+
+
+def test_a_page_never_ends_in_half_an_action() -> None:
+    """A model's page and the overview read past the page's end: an action it would cut in two is folded whole
+    and left to the next page, which begins where the rows shown end."""
+    unload = _events(("UNLOADING", 1), ("UNLOADED", 1), start=100)  # the version it brought up: a later action
+    events = _newest_first(_events(*ACTIVATION) + unload)
+    rows, held = page_rows(events, 5)
+    assert [row.head.action for row in rows] == ["UNLOADED"] and held == 2
+    rows, held = page_rows(events[held:], 5)
+    # One action larger than a page is shown all the same, rather than nothing.
+    assert [row.head.action for row in rows] == ["ACTIVATED"] and held == len(ACTIVATION)
+    assert [len(row.steps) for row in page_rows(events, 8)[0]] == [2, len(ACTIVATION)]
 
 
 def test_plain_words() -> None:

@@ -1,5 +1,6 @@
 // The console's own script. Pages work without it (they are read as plain HTML); htmx makes them live, and this
-// file adds what htmx does not do: confirmation of dangerous actions (data-confirm), copy buttons and the live clock of "ago" labels.
+// file adds what htmx does not do: confirmation of dangerous actions (data-confirm), copy buttons, the live clock of
+// "ago" labels, and the history's steps that a person opened kept open while a live part reloads.
 "use strict";
 
 document.addEventListener("htmx:confirm", (event) => {
@@ -33,4 +34,18 @@ document.addEventListener("DOMContentLoaded", () => {
       setTimeout(() => { button.textContent = label; }, 2000);
     });
   }
+});
+
+// A live part (the overview, a model's page) reloads every few seconds: the folded steps of a history row that a
+// person opened (details with an id, history_table.html) stay open in the new content instead of closing under them.
+let openSteps = [];
+document.addEventListener("htmx:beforeSwap", (event) => {
+  openSteps = Array.from(event.detail.target.querySelectorAll("details[id][open]"), (details) => details.id);
+});
+document.addEventListener("htmx:afterSwap", () => {
+  for (const id of openSteps) {
+    const details = document.getElementById(id);
+    if (details) details.open = true;
+  }
+  openSteps = [];
 });

@@ -64,6 +64,11 @@ class ModelDeletion:
                     "before deleting it"
                 )
             await asyncio.to_thread(_remove, folder, path)
+            entry = self._manager.entry(name)
+            if entry is not None:
+                # A version loaded before (retired, unloaded) is listed no more, in the index or on the model page:
+                # deleted on purpose, it is not "no longer on disk", and after a restart nothing would list it.
+                entry.versions.pop(version, None)
             log.info("model '%s': version %d deleted", name, version)
             await self._controller.note(name, version, "DELETED", "version folder deleted", origin)
 
@@ -79,6 +84,7 @@ class ModelDeletion:
                 )
             await asyncio.to_thread(_remove, folder.parent, folder)
             self._manager.forget(name)
+            self._controller.versions.forget(name)
             log.info("model '%s' deleted", name)
             await self._controller.note(name, None, "DELETED", "model folder deleted", origin)
 

@@ -38,6 +38,8 @@ ACTIVATED: Final = "ACTIVATED"
 ROLLED_BACK: Final = "ROLLED_BACK"
 SERVING: Final = "SERVING"
 _CHANGES: Final = frozenset({ACTIVATED, ROLLED_BACK, SERVING})
+# A model's deletion (deletion.py): what its history holds from before is a model that is gone, not this one's past.
+_DELETED: Final = "DELETED"
 _WAS: Final = re.compile(r"\(was (\d+(?:, \d+)*)\)$")
 # How many of a model's newest events a rollback after a restart reads for the last change (each load writes a
 # handful): far enough back for any model an operator still rolls back.
@@ -156,10 +158,17 @@ class VersionActivation:
         """The versions served before the last change, as the history recorded it (after a restart)."""
         events, _ = await self._records.history(name, 0, _LOOKBACK)
         for event in events:
+            if event.version is None and event.state == _DELETED:
+                return None
             if event.version is None and event.state in _CHANGES:
                 found = _WAS.search(event.reason)
                 return [int(number) for number in found.group(1).split(", ")] if found else None
         return None
+
+    def forget(self, name: str) -> None:
+        """The model was deleted: one uploaded under its name later has nothing to roll back to and no pin."""
+        self._pins.pop(name, None)
+        self._previous[name] = []
 
     # --- what model control's loads consult ---------------------------------------------------------------------
 

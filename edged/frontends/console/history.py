@@ -87,7 +87,6 @@ async def history_page(
         request,
         "history.html",
         events=events,
-        rows=fold(events),
         total=total,
         page=page,
         pages=pages,
@@ -96,8 +95,7 @@ async def history_page(
         sources=SOURCES,
         models=sorted(summary.name for summary in context.service.model_summaries()),
         kept=context.audit is not None and context.audit.enabled,
-        who=who,
-        word=word,
+        **table(fold(events)),
     )
 
 
@@ -164,6 +162,28 @@ def fold(events: list[Event]) -> list[Row]:
         rows.append(_row(group))
     rows.reverse()
     return rows
+
+
+def page_rows(events: list[Event], size: int) -> tuple[list[Row], int]:
+    """The newest rows of ``events`` that hold at most ``size`` of them (at least one row), and how many they hold.
+    ``events`` (newest first) are read past the page, up to twice its size: an action that the page's end would cut
+    in two folds whole with its older steps (where its rows begin depends on what is older) and goes to the next
+    page, which begins where these rows end."""
+    rows: list[Row] = []
+    held = 0
+    for row in fold(events):
+        count = len(row.steps) or 1
+        if rows and held + count > size:
+            break
+        rows.append(row)
+        held += count
+    return rows, held
+
+
+def table(rows: list[Row]) -> dict[str, Any]:
+    """What history_table.html shows ``rows`` with, as every page that lists the history does (the history page,
+    a model's page, the overview); the including page sets ``labelled_by``, the id of the table's heading."""
+    return {"rows": rows, "word": word, "who": who}
 
 
 def _continues(group: list[Event], event: Event) -> bool:

@@ -20,11 +20,13 @@ from litestar import Request, Response, get, post
 from litestar.exceptions import NotFoundException
 from litestar.response import Redirect, Template
 
+from edged.core.audit import transition_event
 from edged.core.names import printable
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.console import auth
 from edged.frontends.console.examples import TryResult, signature, try_model
 from edged.frontends.console.figures import NO_TRAFFIC, model_figures
+from edged.frontends.console.history import page_rows, table
 from edged.frontends.console.pages import acting, console, is_htmx, render, session_of
 from edged.frontends.statuses import status_for
 
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
     from edged.core.repository.summary import InstanceSummary, ModelSummary
     from edged.core.service import InferenceService
 
-# Events per page of a model's history.
-HISTORY_PAGE: Final = 15
+# Events on a page of a model's history (twice as many are read: history.page_rows): an action is a few of them (an
+# activation six), folded into its row.
+HISTORY_PAGE: Final = 30
 # One-shot results kept for plain-form actions: one per session and model, the oldest dropped past this many.
 _RESULTS_KEPT: Final = 256
 EXPLICIT: Final = "explicit"
@@ -217,7 +220,8 @@ async def _act(
         with acting(session):
             result = Result(True, await call())
     except EdgedError as exc:
-        status = status_for(exc)
+        # As the API answers the same call: what cannot be deleted now (a version that serves) is a conflict.
+        status = 409 if exc.code is ErrorCode.ALREADY_EXISTS else status_for(exc)
         result = Result(False, f"refused ({status} {HTTPStatus(status).phrase}): {exc.message}")
     model = service.model_summary(name)
     if model is None:
@@ -272,7 +276,9 @@ def _urgency(model: ModelSummary) -> int:
 
 async def _live(service: InferenceService, model: ModelSummary, offset: int) -> dict[str, Any]:
     offset = max(0, offset)
-    events, total = await service.model_history(model.name, offset, HISTORY_PAGE)
+    history, total = await service.model_history(model.name, offset, 2 * HISTORY_PAGE)
+    # The next page begins after the last action shown: paging never cuts an action's row in two.
+    rows, shown = page_rows([transition_event(event) for event in history], HISTORY_PAGE)
     previous = await service.rollback_versions(model.name)
     return {
         "model": model,
@@ -282,9 +288,10 @@ async def _live(service: InferenceService, model: ModelSummary, offset: int) -> 
         # What a rollback would serve, offered only when every one of them is still on disk.
         "rollback_to": _listed(previous) if previous and set(previous) <= set(model.on_disk) else "",
         "rollback_why_not": _no_rollback(previous, model.on_disk),
-        "events": events,
+        **table(rows),
         "total": total,
         "offset": offset,
+        "shown": shown,
         "page_size": HISTORY_PAGE,
         "result": None,
         "result_oob": False,

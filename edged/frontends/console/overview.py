@@ -13,15 +13,20 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, get
 from litestar.response import Template
 
+from edged.core.audit import transition_event
 from edged.frontends.console.figures import device_figures, model_figures
+from edged.frontends.console.history import page_rows, table
 from edged.frontends.console.pages import console, render
 
 if TYPE_CHECKING:
     from edged.core.repository.summary import ModelSummary
     from edged.core.service import InferenceService
 
-# How many of the latest events the overview lists (the history page has them all).
+# How many of the latest actions the overview lists, each with its steps folded under it (the history page has
+# them all), and in how many events at most: an action is a few (an activation six); fewer rows are shown when the
+# actions were longer. Twice as many events are read (history.page_rows).
 RECENT_EVENTS = 8
+_EVENTS_SHOWN = RECENT_EVENTS * 6
 
 
 @dataclass(slots=True)
@@ -49,7 +54,8 @@ async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
     models = service.model_summaries()
     figures = model_figures(service)
     device = device_figures(service)
-    events, _total = await service.model_history(None, 0, RECENT_EVENTS)
+    history, _ = await service.model_history(None, 0, 2 * _EVENTS_SHOWN)
+    rows, _ = page_rows([transition_event(event) for event in history], _EVENTS_SHOWN)
     # statvfs and sysfs reads: off the event loop (a hwmon chip may be asked over I2C).
     conditions = await asyncio.to_thread(service.device_conditions)
     states = Counter(model.state or "NOT LOADED" for model in models)
@@ -73,7 +79,7 @@ async def _live(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "error_rate": sum(f.error_rate for f in figures.values()) + device.unknown_model_error_rate,
         "busiest": sorted(figures.items(), key=lambda item: -item[1].request_rate)[:5],
         "sync": service.sync.status() if service.sync is not None else None,
-        "events": events,
+        **table(rows[:RECENT_EVENTS]),
     }
 
 
