@@ -4,7 +4,8 @@ The inventory is taken once, when the daemon starts: the CPUs this process may u
 reports (``libnvidia-ml.so.1`` comes with the driver; without it there are simply no GPUs), the Intel NPUs (Core
 Ultra's NPU, which OpenVINO runs models on) that the kernel's ``intel_vpu`` driver has bound, and whatever device
 plug-ins report. Intel NPUs are numbered first (0, 1, ... in the order of their ``/dev/accel/accel<N>`` nodes); a
-plug-in's NPU with a number already taken is ignored with a warning. A plug-in is how an appliance adds
+plug-in's NPU with a number already taken is ignored with a warning. While serving, an Intel NPU's use (busy
+time and clock) is read from the same sysfs entries (``intel_npu_activity``). A plug-in is how an appliance adds
 accelerators edged cannot find by itself (another NPU, or the GPU of a board without NVML): an installed
 distribution that declares an entry point in the ``edged.devices`` group, naming a callable that takes no arguments
 and returns ``Device`` objects::
@@ -233,6 +234,40 @@ def intel_npus(sysfs: Path = Path("/sys")) -> list[Device]:
     Read from sysfs rather than asked of OpenVINO: the inventory is taken at start-up, before (and without) any
     framework, and sysfs answers in microseconds. Whether OpenVINO's NPU plug-in can use the device is the
     backend's question when it compiles a model."""
+    return [device for device, _ in _intel_npu_nodes(sysfs)]
+
+
+@dataclass(frozen=True, slots=True)
+class IntelNpuActivity:
+    """What the ``intel_vpu`` driver says of one NPU at one moment: the microseconds it has been busy since the
+    driver was loaded, and its clock now and at most. None where this kernel does not expose the figure (the
+    files came with newer kernels, the frequencies after the busy time); the current clock reads 0 while the NPU
+    is powered down."""
+
+    npu: Device
+    busy_us: int | None
+    frequency_mhz: int | None = None
+    max_frequency_mhz: int | None = None
+
+
+def intel_npu_activity(sysfs: Path = Path("/sys")) -> list[IntelNpuActivity]:
+    """Each Intel NPU (numbered as ``intel_npus`` numbers them) as its driver reports it now, from the PCI device's
+    ``npu_busy_time_us``, ``npu_current_frequency_mhz`` and ``npu_max_frequency_mhz``. Never fails and never logs:
+    it is read every second, and a file that is missing or unreadable only makes its figure None. Reading them
+    does not wake a powered-down NPU."""
+    return [
+        IntelNpuActivity(
+            device,
+            _sysfs_count(pci / "npu_busy_time_us"),
+            _sysfs_count(pci / "npu_current_frequency_mhz"),
+            _sysfs_count(pci / "npu_max_frequency_mhz"),
+        )
+        for device, pci in _intel_npu_nodes(sysfs)
+    ]
+
+
+def _intel_npu_nodes(sysfs: Path) -> list[tuple[Device, Path]]:
+    """Each Intel NPU with its PCI device's sysfs folder (where the driver's attributes are)."""
     entries: list[tuple[int, Path]] = []
     try:
         for entry in (sysfs / "class" / "accel").iterdir():
@@ -240,17 +275,27 @@ def intel_npus(sysfs: Path = Path("/sys")) -> list[Device]:
                 entries.append((int(entry.name[5:]), entry))
     except OSError:  # no accel class: a kernel without the subsystem, or no accelerator at all
         return []
-    found: list[Device] = []
+    found: list[tuple[Device, Path]] = []
     for _, entry in sorted(entries):
+        pci = entry / "device"
         try:
-            if Path(os.readlink(entry / "device" / "driver")).name != INTEL_NPU_DRIVER:
+            if Path(os.readlink(pci / "driver")).name != INTEL_NPU_DRIVER:
                 continue
-            pci_id = int((entry / "device" / "device").read_text(encoding="ascii").strip(), 16)
+            pci_id = int((pci / "device").read_text(encoding="ascii").strip(), 16)
         except (OSError, ValueError):
             continue
         generation = _INTEL_NPU_GENERATIONS.get(pci_id, f"PCI {pci_id:#06x}")
-        found.append(Device("NPU", len(found), f"Intel NPU ({generation})", INTEL_NPU_DRIVER))
+        found.append((Device("NPU", len(found), f"Intel NPU ({generation})", INTEL_NPU_DRIVER), pci))
     return found
+
+
+def _sysfs_count(path: Path) -> int | None:
+    """A sysfs attribute holding one non-negative integer, or None (absent, unreadable, or not a count)."""
+    try:
+        value = int(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError):  # ValueError covers a file that is not ASCII too
+        return None
+    return value if value >= 0 else None
 
 
 # --- plug-ins ------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ Each ``sample`` reads every READY version's cumulative ModelStatistics, subtract
 per model (its versions summed): request and error rates (the errors apart as rejected and failed, see below),
 mean queue and compute time, p50/p90/p99 of the end-to-end
 latency (from the statistics' latency buckets), the mean batch size and executions by batch size; the rate of
-errors answered for no served model (UnroutedErrors); and the device's CPU utilization, memory and GPUs, as a reader
+errors answered for no served model (UnroutedErrors); and the device's CPU use, memory, GPUs and NPUs, as a reader
 the daemon gives it sees them. Errors are every error a client was answered: Triton's failures and the refusals it
 does not count (ModelStatistics.refused: a missing input, a full queue ...), which count as requests too, and the
 successes whose client got an error (ModelStatistics.answered_errors: an error the model answered with). They are
@@ -69,10 +69,23 @@ class GpuSample:
 
 
 @dataclass(frozen=True, slots=True)
+class NpuSample:
+    """One Intel NPU (edged.core.devices.intel_npu_activity): the share of the time since the previous reading its
+    driver counted it busy, and its clock (0 while it is powered down). ``utilization`` is None where the kernel
+    does not expose the NPU's busy time."""
+
+    id: int
+    name: str = ""
+    utilization: float | None = None  # 0.0 - 1.0
+    frequency_mhz: int | None = None
+    max_frequency_mhz: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """What the device looked like at one point: CPU utilization since the previous reading (0.0 - 1.0), memory in
-    bytes, and each GPU; and what edged's own processes used of them (edged.core.processes: CPU as a share of all
-    the host's CPUs, memory as their RSS summed). None where it is not known (or not read, as
+    bytes, each GPU and each Intel NPU; and what edged's own processes used of them (edged.core.processes: CPU as
+    a share of all the host's CPUs, memory as their RSS summed). None where it is not known (or not read, as
     --allow-cpu-metrics=false asks)."""
 
     cpu_utilization: float | None = None
@@ -81,6 +94,7 @@ class DeviceSample:
     gpus: tuple[GpuSample, ...] = ()
     edged_cpu_utilization: float | None = None
     edged_memory_used: int | None = None
+    npus: tuple[NpuSample, ...] = ()
 
 
 # Reads the device once; blocking (files, NVML), so it is called outside the event loop.
@@ -219,6 +233,16 @@ class _GpuSeries:
         self.memory_total: int | None = None
 
 
+class _NpuSeries:
+    __slots__ = ("frequency_mhz", "max_frequency_mhz", "name", "utilization")
+
+    def __init__(self, capacity: int, name: str) -> None:
+        self.utilization = array("f", [_NAN]) * capacity
+        self.frequency_mhz = array("f", [_NAN]) * capacity
+        self.name = name
+        self.max_frequency_mhz: int | None = None
+
+
 class MetricsHistory:
     """The last ``capacity`` points of every model and of the device, one taken by each ``sample``."""
 
@@ -251,6 +275,7 @@ class MetricsHistory:
         self._edged_cpu = array("f", [_NAN]) * capacity
         self._edged_memory = array("d", [_NAN]) * capacity
         self._gpus: dict[str, _GpuSeries] = {}
+        self._npus: dict[int, _NpuSeries] = {}
         self._readings: dict[tuple[str, int], _Reading] = {}
         self._last_tick: float | None = None
         self._unrouted = unrouted if unrouted is not None else UnroutedErrors()
@@ -352,6 +377,23 @@ class MetricsHistory:
             if uuid not in seen:
                 series.utilization[slot] = _NAN
                 series.memory_used[slot] = _NAN
+        self._sample_npus(slot, device.npus)
+
+    def _sample_npus(self, slot: int, npus: tuple[NpuSample, ...]) -> None:
+        seen = set()
+        for npu in npus:
+            seen.add(npu.id)
+            series = self._npus.get(npu.id)
+            if series is None:
+                series = self._npus[npu.id] = _NpuSeries(self.capacity, npu.name)
+            series.utilization[slot] = npu.utilization if npu.utilization is not None else _NAN
+            series.frequency_mhz[slot] = npu.frequency_mhz if npu.frequency_mhz is not None else _NAN
+            if npu.max_frequency_mhz is not None:
+                series.max_frequency_mhz = npu.max_frequency_mhz
+        for npu_id, series in self._npus.items():
+            if npu_id not in seen:
+                series.utilization[slot] = _NAN
+                series.frequency_mhz[slot] = _NAN
 
     # --- reading ------------------------------------------------------------------------------------------
 
@@ -365,6 +407,7 @@ class MetricsHistory:
         total = sum(a.itemsize * len(a) for a in own)
         total += sum(series.nbytes() for series in self._models.values())
         total += sum(8 * self.capacity * 2 for _ in self._gpus)
+        total += sum(4 * self.capacity * 2 for _ in self._npus)
         return total
 
     def history(self, model: str | None = None, since: float | None = None) -> dict[str, Any]:
@@ -372,7 +415,8 @@ class MetricsHistory:
         when ``since`` is later than the newest point, as after the wall clock went back), of one model or of
         every model (``model`` None), JSON-ready: series are lists aligned with ``time``, null where there is no
         value (no request in that second, or the model was not READY). ``unknown_model_error_rate``, device-wide,
-        is in every reply."""
+        is in every reply. The device's ``npus`` are keyed by the NPU's number, as a string (JSON's keys are),
+        their ``utilization`` null where the kernel does not expose it."""
         oldest = max(self._first, self._count - self.capacity)
         points = range(oldest, self._count)
         if since is not None and points and since <= self._times[(self._count - 1) % self.capacity]:
@@ -433,6 +477,15 @@ class MetricsHistory:
                         "memory_total_bytes": gpu.memory_total,
                     }
                     for uuid, gpu in sorted(self._gpus.items())
+                },
+                "npus": {
+                    str(npu_id): {
+                        "name": npu.name,
+                        "utilization": _floats(npu.utilization, slots),
+                        "frequency_mhz": _ints(npu.frequency_mhz, slots),
+                        "max_frequency_mhz": npu.max_frequency_mhz,
+                    }
+                    for npu_id, npu in sorted(self._npus.items())
                 },
             },
             "models": models,

@@ -471,7 +471,10 @@ def _parts(
     if settings.allow_metrics:
         assert sockets.metrics is not None
         system = SystemMetrics(
-            cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics, interval_ms=settings.metrics_interval_ms
+            cpu=settings.allow_cpu_metrics,
+            gpu=settings.allow_gpu_metrics,
+            interval_ms=settings.metrics_interval_ms,
+            registry=core.registry,
         )
         yield SystemMetricsPart(system)
         families = ModelMetrics(core.service, settings.metrics_config, core.latencies)

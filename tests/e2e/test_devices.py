@@ -1,5 +1,7 @@
 """Instance groups on devices: Triton's instance names, kinds and device ids, refusals of devices this machine
-lacks (with Triton's messages), NPUs from a device plug-in, and N instances running N batches at once.
+lacks (with Triton's messages), NPUs from a device plug-in, and N instances running N batches at once. Intel NPUs
+and their use (busy time over wall time) from a stand-in sysfs tree, with an injected clock, up to the console's
+Device card and the metrics endpoint's gauge.
 
 The Python test model ``where`` answers each request with the ``args`` its instance was initialized with. A
 request with the parameter ``together: N`` first waits until N instances are executing at the same time (each
@@ -18,12 +20,14 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import modelgen
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from prometheus_client import CollectorRegistry, generate_latest
 from server import REPO_ROOT, Server, run_server
 
 from edged.backends import BackendRegistry
@@ -33,9 +37,14 @@ from edged.core.config.defaults import normalize_model_config
 from edged.core.config.model_config import parse_model_config
 from edged.core.config.validation import validate_instance_groups
 from edged.core.devices import Device, DeviceInventory, instance_placements
+from edged.core.metrics_history import MetricsHistory, NpuSample
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager
 from edged.core.request.inference import InferInput, InferRequest, InferResponse
 from edged.errors import EdgedError
+from edged.frontends.console.app import web_root
+from edged.frontends.console.figures import device_figures
+from edged.frontends.console.templates import LazyJinja
+from edged.frontends.metrics.system import DeviceReader, SystemMetrics
 
 MEET_TIMEOUT_S = 30  # only ever reached when instances fail to run together, which fails the test
 
@@ -423,3 +432,104 @@ def test_no_accel_class_or_a_broken_entry_means_no_intel_npus(tmp_path: Path) ->
     _accel(tmp_path, 1, "intel_vpu", "0xad1d")
     (tmp_path / "class" / "accel" / "accel7").mkdir()  # no device link
     assert [(d.id, d.name) for d in devices.intel_npus(tmp_path)] == [(0, "Intel NPU (Arrow Lake)")]
+
+
+def _npu_files(sysfs: Path, accel: int, **values: str) -> None:
+    """Writes the intel_vpu driver's attributes (``npu_busy_time_us`` ...) where the kernel has them: on the PCI
+    device of ``accel<N>``."""
+    for name, value in values.items():
+        (sysfs / "class" / "accel" / f"accel{accel}" / "device" / name).write_text(f"{value}\n", encoding="ascii")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_intel_npu_activity_reads_what_the_kernel_exposes(tmp_path: Path) -> None:
+    _accel(tmp_path, 0, "intel_vpu", "0x7d1d")
+    _accel(tmp_path, 1, "intel_vpu", "0x643e")  # a kernel without any of the files
+    _accel(tmp_path, 2, "intel_vpu", "0xad1d")
+    _npu_files(tmp_path, 0, npu_busy_time_us="1250000", npu_current_frequency_mhz="1400", npu_max_frequency_mhz="1850")
+    _npu_files(tmp_path, 2, npu_busy_time_us="garbage", npu_current_frequency_mhz="-1")
+    found = devices.intel_npu_activity(tmp_path)
+    assert [(a.npu.id, a.npu.name, a.busy_us, a.frequency_mhz, a.max_frequency_mhz) for a in found] == [
+        (0, "Intel NPU (Meteor Lake)", 1_250_000, 1400, 1850),
+        (1, "Intel NPU (Lunar Lake)", None, None, None),
+        (2, "Intel NPU (Arrow Lake)", None, None, None),
+    ]
+    assert devices.intel_npu_activity(tmp_path / "no-sysfs") == []
+
+
+def test_npu_use_is_busy_time_over_monotonic_time_between_readings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _accel(tmp_path, 0, "intel_vpu", "0x7d1d")
+    _accel(tmp_path, 1, "intel_vpu", "0x643e")  # its kernel exposes no busy time
+    _npu_files(tmp_path, 0, npu_busy_time_us="1000000", npu_max_frequency_mhz="1850")
+    clock = _Clock()
+    reader = DeviceReader(cpu=False, gpu=False, sysfs=tmp_path, monotonic=clock)
+    # Two seconds later the driver counted 0.74 s more busy time: 37 %.
+    clock.now += 2.0
+    _npu_files(tmp_path, 0, npu_busy_time_us="1740000", npu_current_frequency_mhz="1400")
+    sample = reader.read()
+    assert sample.npus == (
+        NpuSample(0, "Intel NPU (Meteor Lake)", 0.37, 1400, 1850),
+        NpuSample(1, "Intel NPU (Lunar Lake)", None, None, None),
+    )
+    # The driver asks for readings at most about once a second: one sooner answers the previous again.
+    clock.now += 0.1
+    _npu_files(tmp_path, 0, npu_busy_time_us="1800000")
+    assert reader.read().npus == sample.npus
+    # More busy time than wall time (the counter and the clock are read at slightly different moments): 100 %.
+    clock.now += 0.9
+    _npu_files(tmp_path, 0, npu_busy_time_us="3000000")
+    assert reader.read().npus[0].utilization == 1.0
+    # A busy time that went back (the driver was reloaded) is no share; the next reading counts from it.
+    clock.now += 1.0
+    _npu_files(tmp_path, 0, npu_busy_time_us="100000")
+    assert reader.read().npus[0].utilization is None
+    clock.now += 1.0
+    _npu_files(tmp_path, 0, npu_busy_time_us="100000")
+    assert reader.read().npus[0].utilization == 0.0
+    # A file that is gone is "not known", every time, and nothing is logged.
+    (tmp_path / "class" / "accel" / "accel0" / "device" / "npu_busy_time_us").unlink()
+    for _ in range(3):
+        clock.now += 1.0
+        assert reader.read().npus[0].utilization is None
+    assert caplog.records == []
+    reader.close()
+
+
+def test_npu_use_reaches_the_device_card_and_the_metrics_endpoint(tmp_path: Path) -> None:
+    _accel(tmp_path, 0, "intel_vpu", "0x7d1d")
+    _accel(tmp_path, 1, "intel_vpu", "0x643e")
+    _npu_files(tmp_path, 0, npu_busy_time_us="1000000", npu_max_frequency_mhz="1850")
+    clock = _Clock()
+    reader = DeviceReader(cpu=False, gpu=False, sysfs=tmp_path, monotonic=clock)
+    registry = CollectorRegistry()
+    system = SystemMetrics(cpu=False, gpu=False, interval_ms=1000, registry=registry, sysfs=tmp_path, monotonic=clock)
+    assert b"edged_npu_utilization" not in generate_latest(registry)  # nothing read yet: no family, as for GPUs
+    history = MetricsHistory(list, capacity=4, clock=lambda: clock.now + 1e9, monotonic=clock)
+    clock.now += 2.0
+    _npu_files(tmp_path, 0, npu_busy_time_us="1740000", npu_current_frequency_mhz="1400")
+    history.sample(reader.read())
+    system.poll()
+
+    service: Any = SimpleNamespace(metrics_history=history.history)
+    figures = device_figures(service, now=clock.now + 1e9)
+    card = (
+        LazyJinja(web_root() / "templates").get_template("overview_device.html").render(conditions=None, device=figures)
+    )
+    assert "<dt>NPU 0 (Intel NPU (Meteor Lake))</dt>\n    <dd>37 % busy, at 1400 of 1850 MHz</dd>" in card
+    assert '<dt>NPU 1 (Intel NPU (Lunar Lake))</dt>\n    <dd class="muted">use not readable</dd>' in card
+
+    scraped = generate_latest(registry).decode()
+    assert "# TYPE edged_npu_utilization gauge" in scraped
+    assert 'edged_npu_utilization{npu="0"} 0.37' in scraped
+    assert 'npu="1"' not in scraped  # its use is not known: no sample rather than a made-up one
+    system.stop()
+    reader.close()

@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from edged.cli import main
 from edged.core.backend_api import CustomMetric, CustomMetricFamily
+from edged.core.devices import intel_npu_activity
 from edged.core.stats import ExecutionTiming, ModelStatistics
 from edged.frontends.metrics.config import parse_metrics_config
 from edged.frontends.metrics.endpoint import custom_family
@@ -270,7 +271,7 @@ def test_families_have_tritons_names_help_types_and_labels(metrics_server: Serve
         assert name not in found
 
 
-def test_cpu_gauges_and_gpu_gauges_only_with_gpus(metrics_server: Server) -> None:
+def test_cpu_gauges_and_gpu_and_npu_gauges_only_with_them(metrics_server: Server) -> None:
     text = scrape(metrics_server)
     assert 0 <= value(text, "nv_cpu_utilization") <= 1
     total, used = value(text, "nv_cpu_memory_total_bytes"), value(text, "nv_cpu_memory_used_bytes")
@@ -285,6 +286,12 @@ def test_cpu_gauges_and_gpu_gauges_only_with_gpus(metrics_server: Server) -> Non
         nvml.close()
         for name in GPU_FAMILIES:
             assert all("gpu_uuid" in labels for _, labels, _ in families(text)[name][2])
+    # Intel NPUs' use is edged's own family, listed only where the kernel exposes an NPU's busy time.
+    if all(npu.busy_us is None for npu in intel_npu_activity()):
+        assert "edged_npu_utilization" not in families(text)
+    else:  # listed once two readings have been taken, a poll after the daemon started
+        npus = families(text).get("edged_npu_utilization", ("gauge", "", []))
+        assert all("npu" in labels for _, labels, _ in npus[2])
 
 
 def test_custom_metric_families_of_a_python_model(metrics_server: Server) -> None:

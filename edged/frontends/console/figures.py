@@ -32,6 +32,20 @@ class GpuFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class NpuFigures:
+    id: int
+    name: str
+    utilization: float | None  # 0..1; None: the kernel does not expose this NPU's busy time
+    frequency_mhz: int | None  # 0 while the NPU is powered down
+    max_frequency_mhz: int | None
+
+    @property
+    def label(self) -> str:
+        """``NPU 0 (Intel NPU (Meteor Lake))``: its number, as instance groups and the Devices card name it."""
+        return f"NPU {self.id} ({self.name})" if self.name else f"NPU {self.id}"
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceFigures:
     cpu_utilization: float | None  # 0..1, the host's
     memory_used_bytes: int | None
@@ -42,6 +56,7 @@ class DeviceFigures:
     edged_cpu_utilization: float | None = None
     edged_memory_bytes: int | None = None
     gpus: tuple[GpuFigures, ...] = ()
+    npus: tuple[NpuFigures, ...] = ()
 
 
 NO_TRAFFIC = ModelFigures(0.0, 0.0, None, None)
@@ -63,6 +78,7 @@ def model_figures(service: InferenceService, now: float | None = None) -> dict[s
 
 
 def device_figures(service: InferenceService, now: float | None = None) -> DeviceFigures:
+    """The device over the window: CPU and GPU and NPU use as means, memory and clocks as their newest points."""
     history = _recent(service, now)
     device = history.get("device", {})
     cpu = _mean(device.get("cpu_utilization", []))
@@ -72,6 +88,16 @@ def device_figures(service: InferenceService, now: float | None = None) -> Devic
         GpuFigures(uuid, _mean(gpu["utilization"]), _latest(gpu["memory_used_bytes"]), gpu["memory_total_bytes"])
         for uuid, gpu in device.get("gpus", {}).items()
     )
+    npus = tuple(
+        NpuFigures(
+            int(number),
+            npu["name"],
+            _mean(npu["utilization"]),
+            _latest(npu["frequency_mhz"]),
+            npu["max_frequency_mhz"],
+        )
+        for number, npu in device.get("npus", {}).items()
+    )
     return DeviceFigures(
         cpu,
         memory,
@@ -80,6 +106,7 @@ def device_figures(service: InferenceService, now: float | None = None) -> Devic
         _mean(device.get("edged_cpu_utilization", [])),
         _latest(device.get("edged_memory_used_bytes", [])),
         gpus,
+        npus,
     )
 
 

@@ -1,8 +1,11 @@
-"""The polled gauges: CPU utilization and memory from Linux ``/proc``, and NVIDIA GPUs through NVML.
+"""The polled gauges: CPU utilization and memory from Linux ``/proc``, NVIDIA GPUs through NVML, and Intel NPUs'
+use from sysfs.
 
 A thread polls every ``--metrics-interval-ms`` and keeps the latest readings; scrapes read them. GPU families
 exist only when ``libnvidia-ml.so.1`` loads and reports at least one device: on a machine without NVIDIA GPUs
-(or drivers) they are simply absent, as in a Triton without GPUs.
+(or drivers) they are simply absent, as in a Triton without GPUs. ``edged_npu_utilization{npu="<N>"}`` is edged's
+own (Triton has no NPUs), so it is listed with edged's other families from the prometheus-client registry, and
+only for the Intel NPUs whose kernel exposes their busy time.
 """
 
 from __future__ import annotations
@@ -11,12 +14,22 @@ import contextlib
 import ctypes
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from edged.core.metrics_history import DeviceSample, GpuSample
+from prometheus_client.core import GaugeMetricFamily
+
+from edged.core.devices import intel_npu_activity
+from edged.core.metrics_history import DeviceSample, GpuSample, NpuSample
 from edged.core.processes import ProcessTreeUsage
 from edged.frontends.metrics.exposition import Family
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +157,53 @@ class Nvml:
         self._lib.nvmlShutdown()
 
 
+# The intel_vpu driver asks that its busy time be read no more often than about once a second (each reading takes
+# the lock job submission takes); --metrics-interval-ms may be as short as 1 ms, so a reading sooner than this
+# after the previous one answers that one again.
+NPU_MIN_INTERVAL_S = 0.5
+
+
+class NpuUse:
+    """Each Intel NPU's busy share between two readings, read as CPU utilization is: the growth of the driver's
+    cumulative busy time over the growth of a monotonic clock, clamped to [0, 1]. It reads once when it is created,
+    so that its first ``read`` has a share already; a busy time that is missing, or that went back (the driver was
+    reloaded), makes that reading's share None."""
+
+    def __init__(self, sysfs: Path = Path("/sys"), monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._sysfs = sysfs
+        self._monotonic = monotonic
+        self._busy: dict[int, tuple[float, int]] = {}  # NPU -> (when, busy microseconds) at its last reading
+        self._read_at: float | None = None
+        self._last: tuple[NpuSample, ...] = ()
+        self.read()
+
+    @property
+    def present(self) -> bool:
+        """Whether the latest reading found an Intel NPU at all."""
+        return bool(self._last)
+
+    def read(self) -> tuple[NpuSample, ...]:
+        now = self._monotonic()
+        if self._read_at is not None and now - self._read_at < NPU_MIN_INTERVAL_S:
+            return self._last
+        self._read_at = now
+        samples: list[NpuSample] = []
+        busy: dict[int, tuple[float, int]] = {}
+        for activity in intel_npu_activity(self._sysfs):
+            npu = activity.npu
+            utilization: float | None = None
+            if activity.busy_us is not None:
+                busy[npu.id] = (now, activity.busy_us)
+                before = self._busy.get(npu.id)
+                if before is not None and activity.busy_us >= before[1]:
+                    share = (activity.busy_us - before[1]) / 1e6 / (now - before[0])
+                    utilization = min(1.0, max(0.0, share))
+            samples.append(NpuSample(npu.id, npu.name, utilization, activity.frequency_mhz, activity.max_frequency_mhz))
+        self._busy = busy
+        self._last = tuple(samples)
+        return self._last
+
+
 # GPU families: (name, help, type, GpuReading field), in Triton's order.
 _GPU_FAMILIES = (
     ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "gauge", "utilization"),
@@ -161,12 +221,27 @@ _GPU_FAMILIES = (
 
 
 class SystemMetrics:
-    """CPU and GPU gauges, refreshed by a polling thread every ``interval_ms``."""
+    """CPU, GPU and Intel NPU gauges, refreshed by a polling thread every ``interval_ms``. The NPU gauge goes to
+    ``registry`` (edged's own families), when one is given; ``sysfs`` and ``monotonic`` are where and by which
+    clock NPUs are read."""
 
-    def __init__(self, *, cpu: bool, gpu: bool, interval_ms: int) -> None:
+    def __init__(
+        self,
+        *,
+        cpu: bool,
+        gpu: bool,
+        interval_ms: int,
+        registry: CollectorRegistry | None = None,
+        sysfs: Path = Path("/sys"),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._cpu = cpu
         self._interval_s = interval_ms / 1000
         self._nvml = Nvml.open() if gpu else None
+        self._npu_use = NpuUse(sysfs, monotonic)
+        self._npus: tuple[NpuSample, ...] = ()
+        if registry is not None:
+            registry.register(_NpuGauges(self))
         self._cpu_times: CpuTimes | None = None
         self._cpu_utilization = 0.0
         self._memory: tuple[int, int] | None = None
@@ -181,7 +256,7 @@ class SystemMetrics:
 
     def start(self) -> None:
         """Take the first readings now (so that the first scrape has them), then poll in the background."""
-        if not self._cpu and self._nvml is None:
+        if not self._cpu and self._nvml is None and not self._npu_use.present:
             return
         self.poll()
         self._thread = threading.Thread(target=self._run, name="edged-metrics", daemon=True)
@@ -201,7 +276,7 @@ class SystemMetrics:
             try:
                 self.poll()
             except Exception:  # a failing reading must not end the polling for good
-                log.exception("polling the CPU and GPU metrics failed")
+                log.exception("polling the CPU, GPU and NPU metrics failed")
 
     def poll(self) -> None:
         if self._cpu:
@@ -216,6 +291,14 @@ class SystemMetrics:
             gpus = self._nvml.poll()
             with self._lock:
                 self._gpus = gpus
+        npus = self._npu_use.read()
+        with self._lock:
+            self._npus = npus
+
+    def npus(self) -> tuple[NpuSample, ...]:
+        """The Intel NPUs as the latest poll read them."""
+        with self._lock:
+            return self._npus
 
     def collect(self) -> list[Family]:
         """GPU families, then CPU ones, as Triton lists them."""
@@ -242,16 +325,47 @@ class SystemMetrics:
         return families
 
 
+class _NpuGauges:
+    """``edged_npu_utilization``: a prometheus-client collector of SystemMetrics' latest NPU readings. Like the GPU
+    families, absent when no NPU's use is known."""
+
+    def __init__(self, system: SystemMetrics) -> None:
+        self._system = system
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        known = [(npu.id, share) for npu in self._system.npus() if (share := npu.utilization) is not None]
+        if not known:
+            return
+        family = GaugeMetricFamily(
+            "edged_npu_utilization",
+            "Intel NPU utilization rate [0.0 - 1.0]: the share of the time its driver counted it busy",
+            labels=["npu"],
+        )
+        for npu_id, share in known:
+            family.add_metric([str(npu_id)], share)
+        yield family
+
+
 class DeviceReader:
     """The device as the metrics history samples it every second (edged.core.metrics_history.DeviceReader): CPU
-    utilization since the previous reading, memory, and each GPU; and edged's own processes' CPU and memory (read
-    with the host's, under the same --allow-cpu-metrics). Its own readings, apart from SystemMetrics',
-    whose interval is --metrics-interval-ms and which runs only while the metrics endpoint does. Blocking: called
-    from a worker thread, one call at a time."""
+    utilization since the previous reading, memory, each GPU, and each Intel NPU's busy share since the previous
+    reading (NpuUse; read whatever the flags say, as no option covers NPUs); and edged's own processes' CPU and
+    memory (read with the host's, under the same --allow-cpu-metrics). Its own readings, apart from
+    SystemMetrics', whose interval is --metrics-interval-ms and which runs only while the metrics endpoint does.
+    ``sysfs`` and ``monotonic`` are where and by which clock NPUs are read. Blocking: called from a worker
+    thread, one call at a time."""
 
-    def __init__(self, *, cpu: bool, gpu: bool) -> None:
+    def __init__(
+        self,
+        *,
+        cpu: bool,
+        gpu: bool,
+        sysfs: Path = Path("/sys"),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._cpu = cpu
         self._nvml = Nvml.open() if gpu else None
+        self._npu_use = NpuUse(sysfs, monotonic)  # its first reading is the baseline of the first point
         self._cpu_times = read_cpu_times() if cpu else None
         self._own = ProcessTreeUsage() if cpu else None
         if self._own is not None:
@@ -276,7 +390,13 @@ class DeviceReader:
             for gpu in (self._nvml.poll() if self._nvml is not None else ())
         )
         return DeviceSample(
-            utilization, memory[0] if memory else None, memory[1] if memory else None, gpus, own_cpu, own_memory
+            utilization,
+            memory[0] if memory else None,
+            memory[1] if memory else None,
+            gpus,
+            own_cpu,
+            own_memory,
+            self._npu_use.read(),
         )
 
     def close(self) -> None:
