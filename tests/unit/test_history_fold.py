@@ -110,3 +110,16 @@ def test_plain_words() -> None:
         "ready",
         "token-create",
     ]
+
+
+def test_the_interleaved_loads_of_a_start_fold_under_their_own_models() -> None:
+    """At start every model loads at once: their events interleave, and each model's still folds into one row."""
+    load = (("LOADING", None), ("LOADING", 1), ("READY", 1))
+    a = _events(*load, model="a", actor=None, source="startup", gap_s=1.0, start=0)
+    b = _events(*load, model="b", actor=None, source="startup", gap_s=1.0, start=0)
+    interleaved = [event for pair in zip(a, b, strict=True) for event in pair]  # a, b, a, b, ... oldest first
+    rows = fold(list(reversed(interleaved)))
+    assert [(row.head.target, row.head.action, len(row.steps)) for row in rows] == [
+        ("b", "READY", 3),
+        ("a", "READY", 3),
+    ]

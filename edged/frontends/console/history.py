@@ -146,22 +146,29 @@ class Row:
 
 
 def fold(events: list[Event]) -> list[Row]:
-    """The rows of ``events`` (newest first, as the page lists them), newest first."""
-    rows: list[Row] = []
-    group: list[Event] = []
-    for event in reversed(events):  # oldest first: an action's steps come in the order they happened
-        if event.kind == "transition" and group and _continues(group, event):
-            group.append(event)
-            continue
-        if group:
-            rows.append(_row(group))
-        group = [event] if event.kind == "transition" else []
+    """The rows of ``events`` (newest first, as the page lists them), newest first (by each row's newest event).
+
+    Each model has its own open row: the steps of actions on different models that ran at once (the loads of a
+    start, which interleave) fold under their own models' rows rather than breaking each other's."""
+    rows: list[tuple[int, Row]] = []  # (the position of the row's newest event, oldest first; the row)
+    open_groups: dict[str, list[Event]] = {}
+    newest: dict[str, int] = {}
+    for position, event in enumerate(reversed(events)):  # oldest first: an action's steps in the order they happened
         if event.kind != "transition":
-            rows.append(Row(event))
-    if group:
-        rows.append(_row(group))
-    rows.reverse()
-    return rows
+            rows.append((position, Row(event)))
+            continue
+        group = open_groups.get(event.target)
+        if group is not None and _continues(group, event):
+            group.append(event)
+            newest[event.target] = position
+            continue
+        if group is not None:
+            rows.append((newest[event.target], _row(group)))
+        open_groups[event.target] = [event]
+        newest[event.target] = position
+    rows += [(newest[target], _row(group)) for target, group in open_groups.items()]
+    rows.sort(key=lambda item: item[0], reverse=True)
+    return [row for _, row in rows]
 
 
 def page_rows(events: list[Event], size: int) -> tuple[list[Row], int]:
