@@ -127,3 +127,21 @@ def test_the_api_reference_has_every_operation_of_the_served_document() -> None:
     for method, path in operations:
         assert f"### `{method.upper()} {path}`" in page, (method, path)
     assert "<!-- openapi -->" in (DOCS / "api-reference.md").read_text(encoding="utf-8")
+
+
+def test_the_screenshots_shown_are_the_ones_the_console_tests_take() -> None:
+    """Every image the pages show under screenshots/ is one a console test saves (scripts/screenshots copies them
+    from a run of those tests), and web/screenshots/ holds no image that no page shows."""
+    shown = set()
+    for page in [*_pages(), REPO_ROOT / "README.md"]:
+        shown |= set(re.findall(r"screenshots/([a-z0-9-]+)\.png", page.read_text()))
+    taken = []  # the names the tests pass to screenshot(), an f-string's fields as wildcards
+    for test in (REPO_ROOT / "tests/e2e").glob("test_console_*.py"):
+        for literal in re.findall(r"screenshot\([^,]+,\s*(f?\"[^\"]+\")", test.read_text()):
+            text = literal.removeprefix("f").strip('"')
+            taken.append(re.compile(re.sub(r"\\\{[^}]*\\\}", "[a-z0-9-]+", re.escape(text)) + "$"))
+    assert shown, "no page shows a screenshot"
+    untaken = sorted(name for name in shown if not any(pattern.match(name) for pattern in taken))
+    assert untaken == [], f"shown but taken by no console test: {untaken}"
+    kept = {path.stem for path in (REPO_ROOT / "web/screenshots").glob("*.png")}
+    assert kept == shown, f"missing: {sorted(shown - kept)}, shown by no page: {sorted(kept - shown)}"
