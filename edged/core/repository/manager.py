@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from edged.core.backend_api import LoadContext
 from edged.core.config.defaults import normalize_model_config
 from edged.core.config.model_config import parse_model_config
+from edged.core.config.unacted import unacted_fields
 from edged.core.config.validation import (
     validate_instance_groups,
     validate_model_config,
@@ -24,6 +25,7 @@ from edged.core.config.validation import (
     validate_runtime,
 )
 from edged.core.devices import DeviceInventory
+from edged.core.repository.checksum import verify_checksums
 from edged.core.repository.scan import (
     ModelSource,
     ScanResult,
@@ -36,6 +38,7 @@ from edged.core.repository.scan import (
 )
 from edged.core.repository.warmup import run_warmup
 from edged.core.request.validation import ModelSignature
+from edged.core.scheduling.cached import with_response_cache
 from edged.core.scheduling.dynamic import DynamicBatcher
 from edged.core.scheduling.scheduler import DirectScheduler
 from edged.core.scheduling.sequence import SequenceBatcher
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 
     from edged.core.backend_api import BackendModel, Backends
     from edged.core.repository.files import FolderPrint
+    from edged.core.response_cache import ResponseCache
     from edged.core.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -147,6 +151,8 @@ class ManagerOptions:
     devices: DeviceInventory = field(default_factory=DeviceInventory)
     # Given every successful request of every model (the metrics' latency summaries and histograms), if anything.
     request_observer: RequestObserver | None = None
+    # The device's response cache (--cache-config), for the models whose config enables it; None: there is none.
+    response_cache: ResponseCache | None = None
 
 
 class ModelRepositoryManager:
@@ -223,11 +229,15 @@ class ModelRepositoryManager:
         assert version.backend_model is not None and version.config is not None
         instances = version.backend_model.instances
         choice = version.config.WhichOneof("scheduling_choice")
+        scheduler: Scheduler
         if choice == "dynamic_batching":
-            return DynamicBatcher(instances, self._executor, stats, version.config)
-        if choice == "sequence_batching":
+            scheduler = DynamicBatcher(instances, self._executor, stats, version.config)
+        elif choice == "sequence_batching":
             return SequenceBatcher(instances, self._executor, stats, version.config, version.model_dir)
-        return DirectScheduler(instances, self._executor, stats)
+        else:
+            scheduler = DirectScheduler(instances, self._executor, stats)
+        # Sequence models never: validation refuses a sequence batcher with a cache, as Triton does.
+        return with_response_cache(scheduler, version.config, stats, self._options.response_cache)
 
     def _load(self, source: ModelSource) -> ModelEntry:
         """Blocking: read, complete and check the config, then load each selected version."""
@@ -300,6 +310,7 @@ class ModelRepositoryManager:
                 f"unexpected directory name '{source.name}' for model '{config.name}', directory name must "
                 "equal model name",
             )
+        verify_checksums(config, source.path)  # before anything else is read, as Triton runs its agents
         available = version_numbers(source)
         versions = select_versions(config, available) if pinned is None else [v for v in available if v in pinned]
         if not versions and pinned is not None:
@@ -319,6 +330,8 @@ class ModelRepositoryManager:
             self._complete_config(source, config, versions)
         except EdgedError as exc:
             raise VersionsUnavailable(exc, versions) from None
+        for note in unacted_fields(config):
+            log.warning("model '%s': %s is not acted upon: %s", source.name, note.field, note.why)
         return config, versions
 
     def _check_unversioned(self, source: ModelSource, config: ModelConfig) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf import text_format
 
+from edged.core.config.unacted import unacted_fields
 from edged.core.devices import instance_placements
 from edged.core.repository.manager import ModelState
 from edged.core.repository.scan import version_numbers
@@ -66,6 +67,8 @@ class ModelSummary:
     # It should be served (loaded on purpose and not unloaded since): while it is not READY, the device is not ready
     # under strict readiness.
     wanted: bool = False
+    # The fields its config sets that edged does not act on, each "field: why" (edged.core.config.unacted).
+    notes: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -157,6 +160,7 @@ def _summary(
         dynamic_batching=config.HasField("dynamic_batching") if config is not None else False,
         repository=repository,
         wanted=entry is not None and entry.wanted,
+        notes=tuple(str(note) for note in unacted_fields(config)) if config is not None else (),
     )
 
 

@@ -44,7 +44,7 @@ INFERENCE_SERVICE: Final[Mapping[str, Category]] = {
     "TraceSetting": Category.TRACE,
     "LogSettings": Category.LOGGING,
 }
-HEALTH_SERVICE: Final[Mapping[str, Category]] = {"Check": Category.HEALTH}
+HEALTH_SERVICE: Final[Mapping[str, Category]] = {"Check": Category.HEALTH, "Watch": Category.HEALTH}
 # The RPCs whose request may bring code (see edged.core.access.AccessPolicy.check): whether this one does.
 BRINGS_CODE: Final[Mapping[str, Callable[[Any], bool]]] = {
     "RepositoryModelLoad": lambda request: load_brings_code(request.parameters),

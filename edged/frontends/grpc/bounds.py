@@ -45,8 +45,8 @@ IDLE_FRAME_RATE: Final = (1000.0, 100.0)  # frames that do nothing: empty DATA o
 MAX_QUEUED_CONTROL: Final = 1000
 # Decoded header blocks remembered per connection, by the bytes of the block and of its header list.
 DECODED_CACHE_BYTES: Final = 16 << 10
-# Streams open at once on the whole endpoint (each holds a call, and a streaming call a task): more are refused
-# with REFUSED_STREAM, however many connections they come over.
+# Streams open at once on the whole endpoint (each holds a call, and a streaming call, a health Watch among them, a
+# task): more are refused with REFUSED_STREAM, however many connections they come over.
 ENDPOINT_STREAMS: Final = 4096
 # Event-loop time one connection's reading may take before it lets every other connection run.
 READ_SLICE_S: Final = 0.01

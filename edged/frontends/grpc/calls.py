@@ -2,7 +2,8 @@
 prefixed messages, ``grpc-encoding``, ``grpc-timeout``, status trailers) and the servicer methods it calls.
 
 A servicer method is called as grpc.aio calls it, ``method(request, context)`` for a unary RPC and
-``method(request_iterator, context)`` returning an async iterator for a bidirectional stream, with a ``Call`` as
+``method(request_iterator, context)`` returning an async iterator for a bidirectional stream (``method(request,
+context)`` for one where only the server streams, as ``grpc.health.v1.Health/Watch``), with a ``Call`` as
 the context: the part of grpc.aio's ``ServicerContext`` the servicers use (``abort``, ``invocation_metadata``,
 ``peer``, ``time_remaining``, ``auth_context``). So the servicers run unchanged on either server.
 
@@ -54,27 +55,30 @@ _REFUSAL_STATUS: Final = {
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One RPC: how its request is parsed, what serves it, and whether the client streams."""
+    """One RPC: how its request is parsed, what serves it, and whether the client streams (then the server does
+    too) or only the server does."""
 
     parse: Callable[[bytes | memoryview], Any]
     serve: Callable[..., Any]
     streaming: bool
+    server_streaming: bool = False
 
 
 def methods(services: Iterable[tuple[Any, Any]]) -> dict[bytes, Method]:
     """The RPCs of each (servicer, service descriptor), by HTTP/2 path: those the servicer has a method for (any
-    other is answered UNIMPLEMENTED, as grpc answers one). Only unary and bidirectional RPCs exist in these services."""
+    other is answered UNIMPLEMENTED, as grpc answers one). These services have unary, bidirectional and server
+    streaming RPCs, no client streaming one."""
     from google.protobuf import message_factory
 
     table: dict[bytes, Method] = {}
     for servicer, descriptor in services:
         for rpc in descriptor.methods:
             serve = getattr(servicer, rpc.name, None)
-            if serve is None or rpc.client_streaming != rpc.server_streaming:
+            if serve is None or (rpc.client_streaming and not rpc.server_streaming):
                 continue
             parse = message_factory.GetMessageClass(rpc.input_type).FromString
             path = f"/{descriptor.full_name}/{rpc.name}".encode()
-            table[path] = Method(parse, serve, rpc.client_streaming)
+            table[path] = Method(parse, serve, rpc.client_streaming, rpc.server_streaming and not rpc.client_streaming)
     return table
 
 
@@ -146,7 +150,7 @@ class Call:
         stream.whole_body = not method.streaming
         if method.streaming:
             self._messages = asyncio.Queue()
-            self._start(self._run_stream())
+            self._start(self._run_stream(lambda: method.serve(self._requests(), self)))
 
     # --- the stream's events (edged.frontends.grpc.http2.StreamHandler) ----------------------------------
 
@@ -209,7 +213,10 @@ class Call:
             body.release()
             self._stream.release(len(self._body))
             self._body = bytearray()
-        self._start(self._run_unary(request))
+        if self._method.server_streaming:
+            self._start(self._run_stream(lambda: self._method.serve(request, self)))
+        else:
+            self._start(self._run_unary(request))
 
     def reset(self) -> None:
         if self._timer is not None:
@@ -312,10 +319,10 @@ class Call:
             await stream.send_data(message)
             stream.send_headers(_OK_TRAILERS, end_stream=True)
 
-    async def _run_stream(self) -> None:
+    async def _run_stream(self, replies: Callable[[], AsyncIterator[Any]]) -> None:
         stream = self._stream
         try:
-            async for reply in self._method.serve(self._requests(), self):
+            async for reply in replies():
                 message = self._encode(reply)
                 if not self._started:
                     stream.send_headers(_OK_HEADERS)

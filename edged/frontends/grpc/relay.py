@@ -8,17 +8,19 @@ The worker shares the daemon's port (SO_REUSEPORT): the kernel gives each new co
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Final, cast
 
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, RELAYED_PEER, guard
 from edged.frontends.grpc.calls import Call, Method, methods
 from edged.frontends.grpc.core import import_core
-from edged.frontends.grpc.server import GrpcServer
+from edged.frontends.grpc.server import GrpcServer, Servicers
 from edged.frontends.grpc.service import GrpcOptions, InferenceServicer
 from edged.proto import grpc_service_pb2 as pb
+from edged.proto import health_pb2
 
 import_core()  # before grpc is first imported: the relay's channel is grpc's
 
@@ -32,6 +34,13 @@ _INFERENCE: Final = "inference.GRPCInferenceService"
 _HEALTH: Final = "grpc.health.v1.Health"
 # The RPCs a worker answers itself; the others are the daemon's.
 _LOCAL: Final = frozenset({"ModelInfer", "ModelStreamInfer"})
+# The daemon's RPCs whose replies are a stream (the request is one message).
+_SERVER_STREAMING: Final = frozenset({"Watch"})
+# A health watch that last said SERVING says NOT_SERVING when the worker stops, as the daemon's own watches do.
+_SERVING: Final = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING).SerializeToString()
+_NOT_SERVING: Final = health_pb2.HealthCheckResponse(
+    status=health_pb2.HealthCheckResponse.NOT_SERVING
+).SerializeToString()
 # Metadata grpc sets on a call itself: never copied onto the relayed one.
 _TRANSPORT_KEYS: Final = frozenset({"user-agent", "te", "content-type", "authority", "host"})
 # The metadata keys grpc's client sends: any other fails the relayed call before it leaves ("Unexpected
@@ -83,10 +92,15 @@ class RelayingServer:
         table = {path: method for path, method in served.items() if path.rpartition(b"/")[2].decode() in _LOCAL}
         for service_name, names in ((_INFERENCE, INFERENCE_SERVICE), (_HEALTH, HEALTH_SERVICE)):
             for name in names:
-                if name not in _LOCAL:
-                    path = f"/{service_name}/{name}"
+                path = f"/{service_name}/{name}"
+                if name in _SERVER_STREAMING:
+                    table[path.encode()] = Method(bytes, self._relay_stream(path), False, server_streaming=True)
+                elif name not in _LOCAL:
                     table[path.encode()] = Method(bytes, self._relay(path), streaming=False)
-        self._server = GrpcServer(table, sock, options, servicer=servicer)
+        # The relayed streams in progress, ended when the worker stops (the daemon may outlive it).
+        self._streams: set[grpc.aio.UnaryStreamCall[bytes, bytes]] = set()
+        self._closing = False
+        self._server = GrpcServer(table, sock, options, servicer=Servicers(servicer, self))
 
     def _relay(self, method: str) -> Callable[[bytes, Call], Awaitable[bytes]]:
         call = self._daemon.unary_unary(method)
@@ -101,6 +115,37 @@ class RelayingServer:
             return reply
 
         return relayed
+
+    def _relay_stream(self, method: str) -> Callable[[bytes, Call], AsyncIterator[bytes]]:
+        open_call = self._daemon.unary_stream(method)
+
+        async def relayed(request: bytes, context: Call) -> AsyncIterator[bytes]:
+            metadata = [(key, value) for key, value in context.invocation_metadata() if _relayable(key, value)]
+            metadata.append((RELAYED_PEER, context.peer()))
+            call = open_call(request, metadata=metadata, timeout=context.time_remaining())
+            self._streams.add(call)
+            last = b""
+            try:
+                async for reply in call:
+                    last = reply
+                    yield reply
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), exc.details() or "")
+            except asyncio.CancelledError:
+                # The worker stops and cancelled the relayed call: its client's stream ends as the daemon's would.
+                if not (self._closing and call.cancelled()):
+                    raise
+                if last == _SERVING:
+                    yield _NOT_SERVING
+            finally:
+                self._streams.discard(call)
+
+        return relayed
+
+    def close_streams(self) -> None:
+        self._closing = True
+        for call in list(self._streams):
+            call.cancel()
 
     async def start(self) -> None:
         await self._server.start()

@@ -11,7 +11,8 @@ timeout is sent GOAWAY and closed; a request must arrive at the minimum body rat
 connection holds together are bounded (edged.frontends.grpc.bounds states the rest).
 
 Stopping: the ports close, every connection is sent GOAWAY (so clients open no new call on it), open streams stop
-reading and answer what they have, and calls still running after the grace period are cancelled.
+reading and answer what they have, health watches end, and calls still running after the grace period are
+cancelled.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import asyncio
 import logging
 import socket
 import ssl
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from edged.frontends.grpc.access import HEALTH_SERVICE, INFERENCE_SERVICE, guard
 from edged.frontends.grpc.bounds import Budget, ConnectionTimes
 from edged.frontends.grpc.calls import Call, Limits, Method, finish, inflater_of, methods, timeout_of
 from edged.frontends.grpc.frames import header_block
+from edged.frontends.grpc.health import HealthServicer
 from edged.frontends.grpc.http2 import Http2Connection
-from edged.frontends.grpc.service import GrpcOptions, HealthServicer, InferenceServicer
+from edged.frontends.grpc.service import GrpcOptions, InferenceServicer
 from edged.frontends.grpc.status import StatusCode
 from edged.proto import grpc_service_pb2 as pb
 from edged.proto import health_pb2
@@ -42,10 +44,27 @@ log = logging.getLogger(__name__)
 _BACKLOG: Final = 1024
 
 
+class Streaming(Protocol):
+    """What holds streams that a client may keep open for good, which the server ends when it stops."""
+
+    def close_streams(self) -> None: ...
+
+
+class Servicers:
+    """Several servicers' streams, ended together."""
+
+    def __init__(self, *parts: Streaming) -> None:
+        self._parts = parts
+
+    def close_streams(self) -> None:
+        for part in self._parts:
+            part.close_streams()
+
+
 def inference_methods(
     service: InferenceService, options: GrpcOptions, access: AccessPolicy | None
-) -> tuple[dict[bytes, Method], InferenceServicer]:
-    """Both services' RPCs, each behind ``access`` when given; and the servicer, whose streams ``stop`` ends."""
+) -> tuple[dict[bytes, Method], Streaming]:
+    """Both services' RPCs, each behind ``access`` when given; and their servicers, whose streams ``stop`` ends."""
     servicer = InferenceServicer(
         service, options.max_queued_stream_bytes, options.forward_pattern, options.response_pool
     )
@@ -59,7 +78,7 @@ def inference_methods(
             (health, health_pb2.DESCRIPTOR.services_by_name["Health"]),
         ]
     )
-    return table, servicer
+    return table, Servicers(servicer, health)
 
 
 class GrpcServer:
@@ -72,7 +91,7 @@ class GrpcServer:
         options: GrpcOptions,
         tls: ssl.SSLContext | None = None,
         relay_socket: str | None = None,
-        servicer: InferenceServicer | None = None,
+        servicer: Streaming | None = None,
     ) -> None:
         """``table``: the RPCs by path (``inference_methods``). ``sock``: the bound TCP socket. ``tls``: serve TLS
         with this context (which must offer ``h2`` by ALPN). ``relay_socket``: also serve on this Unix socket, for

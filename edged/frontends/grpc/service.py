@@ -44,7 +44,6 @@ from edged.frontends.grpc.codec import (
 from edged.frontends.grpc.replies import StreamReplies, Turn
 from edged.frontends.grpc.status import StatusCode
 from edged.proto import grpc_service_pb2 as pb
-from edged.proto import health_pb2
 
 if TYPE_CHECKING:
     from edged.core.request.inference import ParameterValue, StreamResponse
@@ -502,17 +501,6 @@ def _put_stream_item(
         reply.infer_response.id = request.id
         reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
         replies.put(reply, None)
-
-
-class HealthServicer:
-    """``grpc.health.v1.Health``: SERVING once the server is ready, whatever service is asked about, as Triton."""
-
-    def __init__(self, service: InferenceService) -> None:
-        self._service = service
-
-    async def Check(self, request: Any, context: Any) -> Any:
-        reply = health_pb2.HealthCheckResponse
-        return reply(status=reply.SERVING if self._service.is_ready() else reply.NOT_SERVING)
 
 
 def _refuse_named_repository(name: str) -> None:
