@@ -1,5 +1,6 @@
-"""Real object-store endpoints for the sync tests: moto's S3 server and the GCS emulator, each started as its own
-process on a free loopback port, and a TCP proxy in front of them that can cut the link.
+"""Real object-store endpoints for the sync tests: moto's S3 server, the GCS emulator and Azurite (Azure Blob
+Storage's emulator, installed by scripts/setup), each started as its own process on a free loopback port, and a
+TCP proxy in front of them that can cut the link.
 
 The proxy runs its own event loop in a thread, so that a test's sync (on the test's loop) and the cut it suffers
 are independent, as a network is.
@@ -8,7 +9,11 @@ are independent, as a network is.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import email.utils
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -25,6 +30,15 @@ from typing import Final
 
 BIN: Final = Path(sys.executable).parent
 STARTUP_S: Final = 20.0
+# Where scripts/setup installs Azurite (npm), and the version: the two must agree.
+AZURITE_VERSION: Final = "3.35.0"
+AZURITE_BIN: Final = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / f"edged/azurite-{AZURITE_VERSION}/node_modules/.bin/azurite-blob"
+)
+# Azurite's one account and its key, the same in every emulator.
+AZURITE_ACCOUNT: Final = "devstoreaccount1"
+AZURITE_KEY: Final = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
 def free_port() -> int:
@@ -76,6 +90,75 @@ def gcs_emulator(bucket: str) -> Iterator[int]:
     ]  # fmt: skip
     with _server(command, port):
         yield port
+
+
+@contextlib.contextmanager
+def azurite(location: Path) -> Iterator[int]:
+    """Azurite's blob service on a free port, its data in ``location``."""
+    if not AZURITE_BIN.exists():
+        raise RuntimeError(f"{AZURITE_BIN} is missing: run EDGED_SETUP_FOR_TESTS=1 scripts/setup")
+    port = free_port()
+    command = [
+        str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(location),
+        "--silent", "--skipApiVersionCheck", "--loose",
+    ]  # fmt: skip
+    with _server(command, port):
+        yield port
+
+
+class AzureContainer:
+    """A container on Azurite (created here), written to as a publisher's client would: obstore, with the key."""
+
+    def __init__(self, port: int, name: str) -> None:
+        from obstore.store import AzureStore
+
+        self.port = port
+        self.name = name
+        self._request("PUT", f"/{name}?restype=container", "restype:container")
+        self.store = AzureStore(
+            name,
+            config={"account_name": AZURITE_ACCOUNT, "endpoint": self.endpoint, "use_emulator": False},
+            client_options={"allow_http": True},
+            credential_provider=lambda: {"access_key": AZURITE_KEY, "expires_at": None},  # type: ignore[arg-type]
+        )
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+
+    def _request(self, method: str, target: str, canonical_query: str) -> None:
+        """A request without a body, signed with the account's shared key (Azure's SharedKey scheme)."""
+        headers = {"x-ms-date": email.utils.formatdate(usegmt=True), "x-ms-version": "2021-08-06"}
+        path = target.split("?", 1)[0]
+        signed = "".join(f"{name}:{value}\n" for name, value in sorted(headers.items()))
+        # The verb, eleven standard headers (all empty here), the x-ms- headers, then the resource: the account
+        # twice, since the emulator's path names it as well.
+        to_sign = f"{method}\n" + "\n" * 11 + signed + f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}{path}\n{canonical_query}"
+        mac = hmac.new(base64.b64decode(AZURITE_KEY), to_sign.encode(), hashlib.sha256).digest()
+        headers["Authorization"] = f"SharedKey {AZURITE_ACCOUNT}:{base64.b64encode(mac).decode()}"
+        headers["Content-Length"] = "0"
+        request = urllib.request.Request(f"{self.endpoint}{target}", method=method, headers=headers)
+        urllib.request.urlopen(request, timeout=10).close()
+
+    def put(self, key: str, data: bytes) -> None:
+        import obstore
+
+        obstore.put(self.store, key, data)
+
+    def delete(self, key: str) -> None:
+        import obstore
+
+        obstore.delete(self.store, key)
+
+    def get(self, key: str) -> bytes:
+        import obstore
+
+        return bytes(obstore.get(self.store, key).bytes())
+
+    def names(self) -> set[str]:
+        import obstore
+
+        return {str(meta["path"]) for batch in obstore.list(self.store) for meta in batch}
 
 
 def gcs_upload(port: int, bucket: str, name: str, data: bytes) -> None:

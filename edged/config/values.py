@@ -25,8 +25,8 @@ def parse_bool(text: str) -> bool:
 
 
 def is_remote(repository: Any) -> bool:
-    """An ``s3://`` or ``gs://`` repository (synced into a local mirror), not a local folder."""
-    return str(repository).startswith(("s3://", "gs://"))
+    """An ``s3://``, ``gs://`` or ``as://`` repository (synced into a local mirror), not a local folder."""
+    return str(repository).startswith(("s3://", "gs://", "as://"))
 
 
 def check_repository(path: Any) -> None:

@@ -1,13 +1,15 @@
-"""Over-the-air sync of model repositories from S3 and GCS: local-first snapshots, verified, switched atomically,
-held on probation and rolled back model by model.
+"""Over-the-air sync of model repositories from S3, GCS and Azure Blob Storage: local-first snapshots, verified,
+switched atomically, held on probation and rolled back model by model.
 
 The modules
     sources.py    Triton's repository URLs (``s3://bucket/prefix``, ``s3://host:port/bucket/prefix``,
-                  ``s3://https://host:port/...``, ``gs://bucket/prefix``) and the ``RemoteRepository`` a sync needs
-                  (list, read from an offset, write, delete); ``open_repository`` picks the client. Failures are
+                  ``s3://https://host:port/...``, ``gs://bucket/prefix``, ``as://account/container/prefix``) and
+                  the ``RemoteRepository`` a sync needs (list, read from an offset, write, delete);
+                  ``open_repository`` picks the client. Failures are
                   ``SyncError`` with a ``SourceProblem`` an operator can act on (unreachable, denied, wrong region,
                   not found, changed, refused, verification failed, untrusted, no space, credentials).
-    s3.py, gcs.py The clients: obstore for S3 and S3-compatible endpoints, gcloud-aio-storage for GCS.
+    s3.py, gcs.py, azure.py  The clients: obstore for S3 and S3-compatible endpoints and for Azure Blob Storage
+                  (Azurite too), gcloud-aio-storage for GCS; obstores.py is what the obstore ones share.
     credentials.py  Credentials as Triton reads them (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, the per-path JSON
                   of TRITON_CLOUD_CREDENTIAL_PATH) and systemd's ``$CREDENTIALS_DIRECTORY``; temporary S3
                   credentials (web identity, container, instance metadata) are left to the client, which refreshes

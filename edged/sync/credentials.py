@@ -10,6 +10,7 @@ Where they come from, in this order:
     ``aws-secret-access-key``                 ``AWS_SECRET_ACCESS_KEY``
     ``aws-session-token``                     ``AWS_SESSION_TOKEN``
     ``gcs-service-account.json``              ``GOOGLE_APPLICATION_CREDENTIALS`` (the file's path)
+    ``azure-storage-key``                     ``AZURE_STORAGE_KEY``
     ``triton-cloud-credentials.json``         ``TRITON_CLOUD_CREDENTIAL_PATH`` (the file's path)
     ========================================  =====================================================
 
@@ -19,17 +20,23 @@ Where they come from, in this order:
 
 ``TRITON_CLOUD_CREDENTIAL_PATH``
     Triton's JSON file: ``{"s3": {PREFIX: {"key_id", "secret_key", "session_token", "region", "profile"}},
-    "gs": {PREFIX: "service-account.json path"}, "as": {...}}``. The entry whose PREFIX is the longest one the
+    "gs": {PREFIX: "service-account.json path"}, "as": {PREFIX: {"account_str", "account_key", "auth_type",
+    "client_id"}}}``. The entry whose PREFIX is the longest one the
     repository URL starts with is used (a plain string prefix, as Triton matches it: ``""`` matches every URL).
     As in Triton, when the variable is set the file alone decides: a URL that no entry matches (one of a kind
     the file leaves out too) has no credentials and is refused. An S3 entry without ``key_id`` and
     ``secret_key`` uses its ``profile``, else the default chain below (environment, web identity, instance
     metadata); a ``gs`` entry ``""`` uses Google's default chain. edged also takes a ``gs`` entry that is the
-    service-account JSON itself rather than its path. ``as`` (Azure) entries are read by nobody.
+    service-account JSON itself rather than its path. An ``as`` entry's ``account_str`` replaces the account the
+    URL names; its ``auth_type`` is Triton's: ``key`` (the default: the ``account_key``, else anonymous),
+    ``managed_identity`` (with ``client_id`` for a user-assigned identity) or ``default`` (Azure's chain:
+    service principal or workload identity variables, then managed identity).
 
 The environment
     ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION`` (or
-    ``AWS_REGION``), ``AWS_PROFILE``; ``GOOGLE_APPLICATION_CREDENTIALS`` (a path, or the JSON itself). Without
+    ``AWS_REGION``), ``AWS_PROFILE``; ``GOOGLE_APPLICATION_CREDENTIALS`` (a path, or the JSON itself);
+    ``AZURE_STORAGE_ACCOUNT``, ``AZURE_STORAGE_KEY``, ``AZURE_STORAGE_AUTH_TYPE``, ``AZURE_STORAGE_CLIENT_ID`` (the
+    ``as`` entry's fields, as Triton reads them). Without
     static keys, the S3 client finds temporary credentials itself and refreshes them before they expire:
     ``AWS_WEB_IDENTITY_TOKEN_FILE`` with ``AWS_ROLE_ARN``, ECS/EKS container credentials, EC2 instance metadata.
 
@@ -38,6 +45,8 @@ A credential problem is a ``SyncError(CREDENTIALS)`` that names the file and the
 
 from __future__ import annotations
 
+import base64
+import binascii
 import configparser
 import json
 from collections.abc import Mapping
@@ -53,11 +62,19 @@ SYSTEMD_CREDENTIALS: Final = {
     "aws-secret-access-key": "AWS_SECRET_ACCESS_KEY",
     "aws-session-token": "AWS_SESSION_TOKEN",
     "gcs-service-account.json": "GOOGLE_APPLICATION_CREDENTIALS",
+    "azure-storage-key": "AZURE_STORAGE_KEY",
     "triton-cloud-credentials.json": "TRITON_CLOUD_CREDENTIAL_PATH",
 }
 # These hold a secret: the variable gets the file's content. The others get the file's path.
-_BY_CONTENT: Final = frozenset({"aws-access-key-id", "aws-secret-access-key", "aws-session-token"})
+_BY_CONTENT: Final = frozenset({"aws-access-key-id", "aws-secret-access-key", "aws-session-token", "azure-storage-key"})
 _S3_FIELDS: Final = ("key_id", "secret_key", "session_token", "region", "profile")
+_AZURE_FIELDS: Final = {
+    "account_str": "AZURE_STORAGE_ACCOUNT",
+    "account_key": "AZURE_STORAGE_KEY",
+    "auth_type": "AZURE_STORAGE_AUTH_TYPE",
+    "client_id": "AZURE_STORAGE_CLIENT_ID",
+}
+AZURE_AUTH_TYPES: Final = ("key", "managed_identity", "default")
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,17 @@ class GCSCredentials:
 
     service_file: str | None = None
     service_info: Mapping[str, Any] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class AzureCredentials:
+    """Triton's Azure credential: ``auth_type`` "key" (``account_key``, or anonymous without one),
+    "managed_identity" (``client_id`` for a user-assigned one) or "default"; ``account`` replaces the URL's."""
+
+    account: str | None = None
+    auth_type: str = "key"
+    account_key: str | None = field(default=None, repr=False)
+    client_id: str | None = None
 
 
 def with_systemd_credentials(env: Mapping[str, str]) -> dict[str, str]:
@@ -253,3 +281,34 @@ def _service_info(info: Any, origin: str) -> Mapping[str, Any]:
     if not isinstance(info, dict) or not isinstance(info.get("type"), str):
         raise SyncError(SourceProblem.CREDENTIALS, f'{origin} is not a Google credential (no "type")')
     return info
+
+
+def azure_credentials(url: str, env: Mapping[str, str]) -> AzureCredentials:
+    """The credentials for the Azure repository ``url``. Raises SyncError(CREDENTIALS)."""
+    found = _entry(env, "as", url)
+    if found is None:
+        fields = {name: env.get(variable) or None for name, variable in _AZURE_FIELDS.items()}
+        origin = "the environment (AZURE_STORAGE_*)"
+    else:
+        path, prefix, entry = found
+        origin = f'TRITON_CLOUD_CREDENTIAL_PATH {path} entry "{prefix}"'
+        if not isinstance(entry, dict):
+            raise SyncError(SourceProblem.CREDENTIALS, f"{origin} is not a JSON object")
+        for name in _AZURE_FIELDS:
+            if name in entry and not isinstance(entry[name], str):
+                raise SyncError(SourceProblem.CREDENTIALS, f'{origin}: "{name}" is not a string')
+        fields = {name: entry.get(name) or None for name in _AZURE_FIELDS}
+    auth_type = fields["auth_type"] or "key"
+    if auth_type not in AZURE_AUTH_TYPES:
+        raise SyncError(
+            SourceProblem.CREDENTIALS,
+            f"{origin}: auth_type '{auth_type}' is none of {', '.join(AZURE_AUTH_TYPES)}",
+        )
+    key = fields["account_key"]
+    if key:
+        try:
+            # A shared key is base64: one that is not would only fail later, as a refused signature.
+            base64.b64decode(key, validate=True)
+        except (binascii.Error, ValueError):
+            raise SyncError(SourceProblem.CREDENTIALS, f"{origin}: the account key is not base64") from None
+    return AzureCredentials(fields["account_str"], auth_type, key, fields["client_id"])

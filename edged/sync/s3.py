@@ -1,27 +1,23 @@
-"""S3 and S3-compatible repositories through obstore (async, Rust): listing, ranged reads bounded by the time
-between two pieces of a body, writes and deletes, and S3's errors told apart."""
+"""S3 and S3-compatible repositories through obstore (async, Rust): the store's settings and S3's errors told
+apart; listing, reads, writes and deletes are edged.sync.obstores'."""
 
 from __future__ import annotations
 
-import asyncio
-import datetime
 import re
-import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 from edged.sync.errors import SourceProblem, SyncError
-from edged.sync.plan import RemoteEntry
-from edged.sync.proxies import proxy_for
-from edged.sync.sources import (
-    BODY_REQUEST_S,
-    CHUNK_BYTES,
-    DEFAULT_REGION,
-    IDLE_CONNECTION_S,
-    ClientOptions,
-    SourceURL,
+from edged.sync.obstores import (
+    TRANSPORT_SIGNS,
+    ObstoreRepository,
+    checked_url,
+    client_options,
+    refused_settings,
+    retry_options,
 )
+from edged.sync.plan import RemoteEntry
+from edged.sync.sources import BODY_REQUEST_S, DEFAULT_REGION, ClientOptions, SourceURL
 
 if TYPE_CHECKING:
     from obstore.store import S3Store
@@ -29,29 +25,26 @@ if TYPE_CHECKING:
     from edged.sync.credentials import S3Credentials
 
 
-T = TypeVar("T")
-CLOSE_GRACE_S: Final = 0.05
 # An ETag that is the content's MD5 (a single-part upload); a multipart one is not, and proves nothing of the bytes.
 _MD5_HEX: Final = re.compile(r"[0-9a-f]{32}")
 
 
-class S3Repository:
+class S3Repository(ObstoreRepository):
     """An S3 or S3-compatible repository, through obstore."""
 
     def __init__(
         self, source: SourceURL, env: Mapping[str, str], options: ClientOptions, credentials: S3Credentials
     ) -> None:
-        self._source = source
         self._region = credentials.region or DEFAULT_REGION
-        self._idle_s = options.read_timeout_s
-        # obstore's timeout bounds a whole request, body included: a slow download that keeps moving would be cut
-        # at the read timeout and finish only over several runs. So the client's is long, and each request here
-        # is bounded by the read timeout itself, a download's body by the time between two of its pieces.
-        self._store = self._make_store(source, env, options, credentials, BODY_REQUEST_S)
+        super().__init__(source, self._make_store(source, env, options, credentials, BODY_REQUEST_S), options)
 
-    @property
-    def url(self) -> str:
-        return str(self._source)
+    def _entry(self, meta: Mapping[str, Any]) -> RemoteEntry:
+        etag = (meta["e_tag"] or "").strip('"')
+        digest = f"md5:{etag}" if _MD5_HEX.fullmatch(etag) else f"etag:{etag}"
+        return RemoteEntry(meta["path"], meta["size"], digest, meta["e_tag"])
+
+    def _error(self, exc: Exception, where: str) -> SyncError:
+        return _s3_error(exc, where, self._region)
 
     @staticmethod
     def _make_store(
@@ -78,11 +71,11 @@ class S3Repository:
             for key, variables in _S3_CHAIN.items():
                 found = next((name for name in variables if env.get(name)), None)
                 if found:
-                    config[key] = _checked_url(env[found], found) if key in _S3_URLS else env[found]
+                    config[key] = checked_url(env[found], found) if key in _S3_URLS else env[found]
         endpoint = source.endpoint
         for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
             if not endpoint and env.get(variable):
-                endpoint = _checked_url(env[variable], variable)
+                endpoint = checked_url(env[variable], variable)
         if endpoint:
             # Both keys: obstore prefers aws_endpoint_url_s3, which the process environment may set otherwise.
             config["endpoint"] = config["aws_endpoint_url_s3"] = endpoint
@@ -90,22 +83,10 @@ class S3Repository:
             config["virtual_hosted_style_request"] = (
                 source.endpoint is None and env.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "").lower() == "true"
             )
-        client: dict[str, Any] = {
-            "allow_http": bool(endpoint and endpoint.startswith("http://")),
-            "connect_timeout": datetime.timedelta(seconds=options.connect_timeout_s),
-            "timeout": datetime.timedelta(seconds=request_s),
-            # A connection idle longer is not reused: NATs and proxies drop idle ones silently, and a request
-            # sent on such a connection waits for the read timeout (aiohttp's default for GCS is the same 15 s).
-            "pool_idle_timeout": datetime.timedelta(seconds=IDLE_CONNECTION_S),
-        }
-        proxy = proxy_for(endpoint or f"https://s3.{region}.amazonaws.com", env)
-        if proxy:
-            client["proxy_url"] = proxy
-        if env.get("AWS_CA_BUNDLE"):
-            # A private CA (MinIO, Ceph, an STS endpoint inside the network): trusted on top of the system's.
-            client["root_certificate"] = _read_bundle(env["AWS_CA_BUNDLE"])
-        # obstore's own retries are kept short: the sync loop retries whole runs, and a run resumes its downloads.
-        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=options.read_timeout_s)}
+        client = client_options(
+            options, endpoint or f"https://s3.{region}.amazonaws.com", env, "AWS_CA_BUNDLE", request_s
+        )
+        retry = retry_options(options)
         try:
             return S3Store(
                 source.bucket,
@@ -116,86 +97,7 @@ class S3Repository:
                 credential_provider=provider,  # type: ignore[arg-type]
             )
         except Exception as exc:
-            # obstore builds its HTTP client here: a certificate or proxy it cannot use fails now, and so does a
-            # system without CA certificates (a minimal root without ca-certificates), even for an http:// endpoint.
-            text = str(exc).split("\n", 1)[0]
-            raise SyncError(
-                SourceProblem.BAD_URL,
-                f"{source}: the S3 client refused its settings ({text}): check AWS_CA_BUNDLE, the proxy variables"
-                " and that the system's CA certificates are installed (ca-certificates)",
-            ) from None
-
-    async def list(self) -> list[RemoteEntry]:
-        import obstore
-
-        entries: list[RemoteEntry] = []
-        try:
-            pages = aiter(obstore.list(self._store, chunk_size=1000))
-            while (batch := await self._within(anext(pages, None))) is not None:
-                for meta in batch:
-                    etag = (meta["e_tag"] or "").strip('"')
-                    digest = f"md5:{etag}" if _MD5_HEX.fullmatch(etag) else f"etag:{etag}"
-                    entries.append(RemoteEntry(meta["path"], meta["size"], digest, meta["e_tag"]))
-        except SyncError:
-            raise
-        except Exception as exc:
-            raise _s3_error(exc, self.url, self._region) from exc
-        return entries
-
-    async def _within(self, step: Awaitable[T]) -> T:
-        """``step``, or SyncError(UNREACHABLE) when it takes longer than the read timeout (a stalled link)."""
-        try:
-            return await asyncio.wait_for(step, self._idle_s)
-        except TimeoutError:
-            raise SyncError(
-                SourceProblem.UNREACHABLE, f"{self.url}: no answer for {self._idle_s:g} s (the link stalled)"
-            ) from None
-
-    async def read(self, entry: RemoteEntry, start: int) -> AsyncIterator[bytes]:
-        import obstore
-
-        options: dict[str, Any] = {}
-        if start:
-            options["range"] = {"offset": start}
-        if entry.version:
-            options["if_match"] = entry.version
-        try:
-            result = await self._within(
-                obstore.get_async(self._store, entry.path, options=options)  # type: ignore[arg-type]
-            )
-            chunks = aiter(result.stream(min_chunk_size=CHUNK_BYTES))
-            while (chunk := await self._within(anext(chunks, None))) is not None:
-                yield bytes(chunk)
-        except SyncError:
-            raise
-        except Exception as exc:
-            raise _s3_error(exc, f"{self.url}/{entry.path}", self._region) from exc
-
-    async def write(self, key: str, data: bytes) -> None:
-        import obstore
-
-        try:
-            await self._within(obstore.put_async(self._store, key, data))
-        except SyncError:
-            raise
-        except Exception as exc:
-            raise _s3_error(exc, f"{self.url}/{key}", self._region) from exc
-
-    async def delete(self, key: str) -> None:
-        import obstore
-
-        try:
-            await self._within(obstore.delete_async(self._store, key))
-        except SyncError:
-            raise
-        except Exception as exc:
-            raise _s3_error(exc, f"{self.url}/{key}") from exc
-
-    async def close(self) -> None:
-        """obstore's client holds no connection that needs closing, but its runtime threads hand each result back an
-        instant after the await ends; an interpreter finalizing under one of them aborts the process (a race in
-        pyo3-async-runtimes). A process that exits right after closing waits that instant out here."""
-        await asyncio.sleep(CLOSE_GRACE_S)
+            raise refused_settings(exc, source, "S3", "AWS_CA_BUNDLE") from None
 
 
 # What obstore uses when no static key is given, by its config key: temporary credentials from web identity (EKS,
@@ -216,28 +118,8 @@ _S3_CHAIN: Final = {
 }
 
 
-def _read_bundle(path: str) -> str:
-    try:
-        bundle = Path(path).read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SyncError(SourceProblem.BAD_URL, f"AWS_CA_BUNDLE {path} cannot be read: {type(exc).__name__}") from None
-    if "-----BEGIN CERTIFICATE-----" not in bundle:
-        raise SyncError(SourceProblem.BAD_URL, f"AWS_CA_BUNDLE {path} holds no PEM certificate")
-    return bundle
-
-
 # These are URLs: obstore panics on some malformed ones rather than failing, so they are checked first.
 _S3_URLS: Final = frozenset({"aws_endpoint_url_sts", "container_credentials_full_uri", "metadata_endpoint"})
-
-
-def _checked_url(value: str, variable: str) -> str:
-    try:
-        parts = urllib.parse.urlsplit(value)
-    except ValueError:
-        parts = urllib.parse.urlsplit("")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise SyncError(SourceProblem.BAD_URL, f"{variable} '{value}' is not an http:// or https:// URL")
-    return value
 
 
 # S3's error codes (the <Code> of its XML error body) by what an operator has to fix.
@@ -295,18 +177,7 @@ def _s3_error(exc: Exception, where: str, region: str = DEFAULT_REGION) -> SyncE
         problem = SourceProblem.WRONG_REGION
     elif status and int(status[1]) in _S3_STATUS:
         problem = _S3_STATUS[int(status[1])]
-    elif isinstance(exc, (ConnectionError, TimeoutError)) or any(
-        # "body error" with "TimedOut": a response body that stopped arriving (a stalled link mid-download).
-        sign in full
-        for sign in (
-            "error sending request",
-            "timed out",
-            "TimedOut",
-            "body error",
-            "Connection refused",
-            "connection reset",
-        )
-    ):
+    elif isinstance(exc, (ConnectionError, TimeoutError)) or any(sign in full for sign in TRANSPORT_SIGNS):
         problem = SourceProblem.UNREACHABLE
     else:
         problem = SourceProblem.OTHER

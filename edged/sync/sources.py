@@ -1,19 +1,20 @@
 """Remote repositories: Triton's repository URLs, its credentials, and the two operations a sync needs (list the
 repository, read one object from an offset).
 
-S3 (and S3-compatible endpoints) go through obstore, GCS through gcloud-aio-storage's JSON API client; both are
-async and both are imported only when a source of their kind is opened, so a device that syncs nothing does not load
-them. Credentials are found by edged.sync.credentials (Triton's variables and credential file, systemd's credentials)
-in a mapping the caller passes (the process environment by default).
+S3 (and S3-compatible endpoints) and Azure Blob Storage go through obstore, GCS through gcloud-aio-storage's JSON
+API client; all are async and each is imported only when a source of its kind is opened, so a device that syncs
+nothing does not load them. Credentials are found by edged.sync.credentials (Triton's variables and credential
+file, systemd's credentials) in a mapping the caller passes (the process environment by default).
 
 The environment also gives the network path: the proxy (edged.sync.proxies); an S3 endpoint from
 ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` when the URL names none, and a private CA in ``AWS_CA_BUNDLE``; a
 GCS emulator or private endpoint from ``STORAGE_EMULATOR_HOST`` (anonymous, unless credentials for the URL are
-configured).
+configured); an Azure endpoint from ``AZURE_STORAGE_ENDPOINT`` or ``AZURE_ENDPOINT``, or Azurite's from
+``AZURE_STORAGE_USE_EMULATOR``, and a private CA in ``REQUESTS_CA_BUNDLE``.
 
-obstore reads the process environment's ``AWS_*`` variables as well (and gcloud-aio its Google ones): everything
-decided here is passed explicitly so that it wins, and static keys go through a credential provider, which no
-variable overrides.
+obstore reads the process environment's ``AWS_*`` and ``AZURE_*`` variables as well (and gcloud-aio its Google
+ones): everything decided here is passed explicitly so that it wins, and static keys go through a credential
+provider, which no variable overrides.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
 from edged.sync.credentials import (
+    azure_credentials,
     gcs_credentials,
     s3_credentials,
     with_systemd_credentials,
@@ -60,26 +62,33 @@ class ClientOptions:
 
 @dataclass(frozen=True)
 class SourceURL:
-    """A parsed ``s3://`` or ``gs://`` repository URL."""
+    """A parsed ``s3://``, ``gs://`` or ``as://`` repository URL (for Azure, ``bucket`` is the container)."""
 
     scheme: str
     bucket: str
     prefix: str
     # S3-compatible endpoint given in the URL (``s3://host:port/bucket/prefix``), with its scheme; None for AWS.
     endpoint: str | None = None
+    # The Azure storage account the URL names (``as://account/container/prefix``); None for the others.
+    account: str | None = None
 
     def __str__(self) -> str:
         # Written back in Triton's form: a plain-HTTP endpoint as host:port, an HTTPS one with its scheme.
         where = f"{self.endpoint.removeprefix('http://')}/" if self.endpoint else ""
+        if self.account:
+            where = f"{self.account}/"
         return f"{self.scheme}://{where}{self.bucket}/{self.prefix}".rstrip("/")
 
 
 def parse_repository_url(url: str) -> SourceURL:
     """Triton's forms: ``s3://bucket/prefix``, ``s3://host:port/bucket/prefix``, ``s3://https://host:port/bucket/
-    prefix`` and ``gs://bucket/prefix``. Raises SyncError(BAD_URL)."""
+    prefix``, ``gs://bucket/prefix`` and ``as://account/container/prefix`` (the account also as
+    ``account.blob.core.windows.net``). Raises SyncError(BAD_URL)."""
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("s3", "gs"):
-        raise SyncError(SourceProblem.BAD_URL, f"'{url}' is not an s3:// or gs:// URL")
+    if not sep or scheme not in ("s3", "gs", "as"):
+        raise SyncError(SourceProblem.BAD_URL, f"'{url}' is not an s3://, gs:// or as:// URL")
+    if scheme == "as":
+        return _parse_azure_url(url, rest)
     endpoint: str | None = None
     if scheme == "s3":
         explicit = re.match(r"(https?)://([^/]+)/(.*)", rest)
@@ -95,6 +104,26 @@ def parse_repository_url(url: str) -> SourceURL:
     if not bucket or "//" in prefix:
         raise SyncError(SourceProblem.BAD_URL, f"'{url}' names no bucket, or has an empty folder in its prefix")
     return SourceURL(scheme, bucket, prefix, endpoint)
+
+
+def _parse_azure_url(url: str, rest: str) -> SourceURL:
+    # Triton's pattern is as://([^/]+)/([^/?]+)(?:/([^?]*))?(\?.*)? and it drops the query; here a query is refused,
+    # since what it would say (a SAS token, say) would be silently ignored.
+    account, _, path = rest.partition("/")
+    account = account.removesuffix(".blob.core.windows.net")
+    container, _, prefix = path.partition("/")
+    prefix = prefix.strip("/")
+    if "?" in rest:
+        raise SyncError(SourceProblem.BAD_URL, f"'{url}': an as:// URL takes no query (credentials go elsewhere)")
+    # Azure's own rules for account names (3-24 lower-case letters and digits) and containers (3-63 of those and
+    # single dashes, starting and ending with a letter or digit), so that a typo fails here and not as a DNS error.
+    if not re.fullmatch(r"[a-z0-9]{3,24}", account):
+        raise SyncError(SourceProblem.BAD_URL, f"'{url}' names no Azure storage account (as://account/container)")
+    if not re.fullmatch(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]", container) or "//" in prefix:
+        raise SyncError(
+            SourceProblem.BAD_URL, f"'{url}' names no valid container, or has an empty folder in its prefix"
+        )
+    return SourceURL("as", container, prefix, account=account)
 
 
 class RemoteRepository(Protocol):
@@ -133,6 +162,11 @@ def open_repository(
         from edged.sync.s3 import S3Repository
 
         return S3Repository(source, environ, options, s3_credentials(url, environ))
+    if source.scheme == "as":
+        _require("obstore", url)
+        from edged.sync.azure import AzureRepository
+
+        return AzureRepository(source, environ, options, azure_credentials(url, environ))
     _require("gcloud.aio.storage", url)
     from edged.sync.gcs import GCSRepository
 
