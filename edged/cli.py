@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 def _add_sync_commands(commands: Any) -> None:
     sync = commands.add_parser(
         "sync",
-        help="show, run, pause or resume the sync of a running edged's s3:// and gs:// repositories",
+        help="show, run, pause or resume the sync of a running edged's s3://, gs:// and as:// repositories",
         description="Talks to a running edged over its HTTP API (/v2/edged/sync). Guarded like the repository API: "
         "on the device itself loopback is trusted by default; elsewhere pass an operator token.",
     )
@@ -279,7 +279,9 @@ def _add_fleet_commands(commands: Any) -> None:
     )
     actions = fleet.add_subparsers(dest="action", required=True)
     status = actions.add_parser("status", help="print every device of a bucket in a table")
-    status.add_argument("url", metavar="URL", help="the base repository (s3://... or gs://...), without a channel")
+    status.add_argument(
+        "url", metavar="URL", help="the base repository (s3://..., gs://... or as://...), without a channel"
+    )
     status.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
     status.add_argument(
         "--stale-after", default="1h", metavar="DURATION", help="mark reports older than this stale (default: 1h)"
@@ -506,7 +508,7 @@ def _add_publish_commands(commands: Any) -> None:
     keygen.add_argument("directory", type=Path, metavar="DIR")
     publish = commands.add_parser(
         "publish",
-        help="sign a model repository and upload it to s3:// or gs:// (The Update Framework)",
+        help="sign a model repository and upload it to s3://, gs:// or as:// (The Update Framework)",
         description="Validates LOCAL_REPO (as check-repo does), uploads the files that changed since the last "
         "publish, then signed metadata under URL/.edged/metadata/ (targets with every file's length and sha256, "
         "snapshot, timestamp), and deletes the objects the repository no longer has. Devices syncing URL with the "
@@ -515,7 +517,9 @@ def _add_publish_commands(commands: Any) -> None:
         "Credentials come from the environment, as for sync (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, ...).",
     )
     publish.add_argument("repository", type=Path, metavar="LOCAL_REPO")
-    publish.add_argument("url", metavar="URL", help="s3://[host:port/]bucket/prefix or gs://bucket/prefix")
+    publish.add_argument(
+        "url", metavar="URL", help="s3://[host:port/]bucket/prefix, gs://bucket/prefix or as://account/container/prefix"
+    )
     publish.add_argument("--key", type=Path, required=True, metavar="ONLINE_KEY", help="the online key (online.pem)")
     publish.add_argument(
         "--root-key",

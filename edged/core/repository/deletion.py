@@ -2,7 +2,7 @@
 API (``DELETE /v2/edged/models/{model}[/versions/{version}]``).
 
 Only what does not serve is deleted: a version that serves (or is on its way in or out) is refused, and so is a model
-with any such version: activate another version, or unload the model, first. A model of a synced (s3://, gs://)
+with any such version: activate another version, or unload the model, first. A model of a synced (s3://, gs://, as://)
 repository is refused too: its files are the bucket's, and the next sync would bring them back.
 
 A folder goes in two steps: renamed to a hidden name beside it (one rename, so that a scan or a poll never sees half
@@ -101,8 +101,8 @@ class ModelDeletion:
             raise EdgedError(ErrorCode.NOT_FOUND, f"no model '{name}' in the model repository")
         if source.repository in self._synced:
             raise _conflict(
-                f"model '{name}' comes from a synced repository (s3:// or gs://): delete it in the bucket, or the "
-                "next sync brings it back"
+                f"model '{name}' comes from a synced repository (s3://, gs:// or as://): delete it in the bucket, or "
+                "the next sync brings it back"
             )
         return source.path
 

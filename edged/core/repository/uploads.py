@@ -19,7 +19,7 @@ repository with one rename (a copy into a hidden folder beside it first when the
 file system); the upload recorded in the model history (origin ``upload``, the console's ``console``); then, when
 asked, the model loaded through model control, and the new version removed again if it fails to load: the device
 is then as it was before the upload (the version serving before keeps serving, a new model is not listed,
-readiness is unchanged). New models go to the first local repository; a model of a synced (s3://, gs://)
+readiness is unchanged). New models go to the first local repository; a model of a synced (s3://, gs://, as://)
 repository is refused, since its files come from the bucket.
 
 An activated upload is then on probation (probation.py), as edged's own task: no request's actor or door. One that
@@ -331,13 +331,15 @@ class ModelUploads:
         if existing is not None:
             if existing.repository in self._options.synced:
                 raise conflict(
-                    f"model '{name}' comes from a synced repository (s3:// or gs://): its files come from the "
+                    f"model '{name}' comes from a synced repository (s3://, gs:// or as://): its files come from the "
                     "bucket, so publish the new version there"
                 )
             return existing, existing.repository
         local = [path for path in self._manager.repositories if path not in self._options.synced]
         if not local:
-            raise conflict("every model repository of this server is synced (s3:// or gs://): upload to the bucket")
+            raise conflict(
+                "every model repository of this server is synced (s3://, gs:// or as://): upload to the bucket"
+            )
         return None, local[0]
 
     async def _check(self, name: str, source: ModelSource, version: int | None, *, trial: bool) -> None:

@@ -32,7 +32,7 @@ LIVE_EVERY_S = 2
 def _sync(request: Request[Any, Any, Any]) -> SyncControl:
     sync = console(request).service.sync
     if sync is None:
-        raise EdgedError(ErrorCode.UNAVAILABLE, "no model repository of this server is synced (s3:// or gs://)")
+        raise EdgedError(ErrorCode.UNAVAILABLE, "no model repository of this server is synced (s3://, gs:// or as://)")
     return sync
 
 
