@@ -5,7 +5,8 @@ decode, numpy views over the body, one encode). The connection protocol (edged.f
 straight from the parsed request; ``InferRoute``, a plain ASGI handler ahead of the Litestar router, calls it for
 the requests the protocol leaves to ASGI (pipelined behind another, ``Expect: 100-continue``, HTTP/1.0, escaped
 paths). A client that closes its connection before the answer cancels its request, as a cancelled gRPC call does.
-Every other path goes to the Litestar app (edged.frontends.http.routes).
+``InferRoute`` also serves the generate extension's two paths (edged.frontends.http.generate), which stream; every
+other path goes to the Litestar app (edged.frontends.http.routes).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from edged.frontends.http.codec import (
     parse_header_length,
     url_version,
 )
+from edged.frontends.http.generate import GENERATE_PATH, answer_generate
 from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
@@ -58,6 +60,9 @@ class HttpOptions:
     max_upload_size: int = 2 * 1024**3
     # Headers forwarded to the model as request parameters (--http-header-forward-pattern); None forwards none.
     forward_pattern: re.Pattern[str] | None = None
+    # Most bytes of server-sent events a generate_stream reply holds unwritten to its client (as a gRPC stream's
+    # --grpc-max-queued-stream-bytes); past it the request is cancelled with an error event.
+    max_queued_stream_bytes: int = 64 * 1024 * 1024
 
 
 # ``POST /v2/models/{model}[/versions/{version}]/infer``, as ASGI gives the path (decoded).
@@ -146,7 +151,8 @@ def _refused(service: InferencePath, model: ModelHandle | None, running: bool) -
 
 
 class InferRoute:
-    """Serves ``POST /v2/models/{model}[/versions/{version}]/infer`` ahead of the Litestar router.
+    """Serves ``POST /v2/models/{model}[/versions/{version}]/infer`` (and ``.../generate[_stream]``) ahead of the
+    Litestar router.
 
     The infer path is the one every request takes, so it skips the framework's routing and request objects; every
     other path goes to the Litestar app.
@@ -169,7 +175,28 @@ class InferRoute:
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2))
                 return
+            match = GENERATE_PATH.fullmatch(path)
+            if match is not None:
+                await self._generate(scope, receive, send, match)
+                return
         await self._app(scope, receive, send)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, match: re.Match[str]) -> None:
+        if scope.get("method") != "POST":
+            await _send(send, 405, error_body("Method Not Allowed"), _JSON)
+            return
+        headers = _headers(scope)
+        limit = self._options.max_input_size
+        await answer_generate(
+            self._service,
+            self._options,
+            scope,
+            receive,
+            send,
+            match,
+            headers,
+            lambda: _receive_body(receive, headers, limit),
+        )
 
     async def _infer(
         self, scope: Scope, receive: Receive, send: Send, model_name: str, version_text: str | None

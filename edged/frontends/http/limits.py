@@ -151,6 +151,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._idle_since: float | None = None
         # Set by a request framed both ways (see the module's docstring): the connection ends with its answer.
         self._close_after = False
+        # While the transport holds more of an answer than its high-water mark: the timer that drops a client that
+        # reads none of it for body_timeout_s, and how much was held when it was set.
+        self._stall_timer: Any = None  # asyncio.TimerHandle
+        self._stall_mark = 0
         self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
 
     # --- the connection --------------------------------------------------------------------------------------
@@ -180,6 +184,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -187,6 +194,37 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return  # answered already: what still comes is dropped unparsed
         super().data_received(data)
+
+    def pause_writing(self) -> None:
+        # An answer the client does not read (a generate_stream reply runs as long as its model sends) would hold
+        # its request, and what the daemon buffers for it, for ever: once the client has read nothing for
+        # body_timeout_s the connection is dropped, as the gRPC endpoint drops a reply nobody reads.
+        super().pause_writing()
+        self._stall_mark = self.transport.get_write_buffer_size()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.limits.body_timeout_s, self._on_stall)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _on_stall(self) -> None:
+        self._stall_timer = None
+        if self.transport.is_closing():
+            return
+        held = self.transport.get_write_buffer_size()
+        if held < self._stall_mark:  # the client reads, slowly: it has another window
+            self._stall_mark = held
+            self._stall_timer = self.loop.call_later(self.limits.body_timeout_s, self._on_stall)
+            return
+        log.debug(
+            "HTTP connection of %s closed: its client read nothing of its answer in %g s",
+            self.client,
+            self.limits.body_timeout_s,
+        )
+        self.transport.abort()
 
     # --- parser callbacks ------------------------------------------------------------------------------------
 

@@ -175,10 +175,13 @@ class RemoteService:
         return found[1]
 
     def raw_input(self, model: ModelHandle, raw: bytes | memoryview) -> InferInput:
+        return raw_binary_input(self.model_signature(model), raw)
+
+    def model_signature(self, model: ModelHandle) -> ModelSignature:
         signature = self._signatures.get((model.name, model.version))
         if signature is None:
             raise EdgedError(ErrorCode.UNAVAILABLE, f"model '{model.name}' is not ready")
-        return raw_binary_input(signature, raw)
+        return signature
 
     async def infer(self, request: InferRequest, handle: ModelHandle | None = None) -> InferResponse:
         return unpack_response(await self._relay.call("infer", pack_request(request)))
