@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from edged.config.cache import check_cache_config
 from edged.config.option import Option
 from edged.config.values import (
     check_backend_config,
@@ -591,6 +592,16 @@ OPTIONS: Final[tuple[Option, ...]] = (
         repeatable=True,
         metavar="[BACKEND,]KEY=VALUE",
         check=check_backend_config,
+    ),
+    Option(
+        "cache-config",
+        "str",
+        [],
+        "the response cache, as Triton's: local,size=BYTES keeps the responses of models whose config enables "
+        "response_cache, within BYTES for the whole device, least recently used out first; none when not given",
+        repeatable=True,
+        metavar="CACHE,KEY=VALUE",
+        check=check_cache_config,
     ),
     Option(
         "exit-timeout-secs",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from edged.config.cache import cache_size
 from edged.config.options import BY_KEY, OPTIONS
 from edged.config.values import is_remote, parse_rate
 from edged.core.access import (
@@ -112,6 +113,8 @@ class Settings:
     sync_timeout_secs: float
     default_max_batch_size: int
     backend_config: dict[str, dict[str, str]]
+    # The local response cache's size in bytes (--cache-config local,size=BYTES); None: no response cache.
+    cache_size: int | None
     exit_timeout_secs: float
     log_verbose: int
     log_info: bool
@@ -181,6 +184,7 @@ class Settings:
             "state_dir": state,
             "default_max_batch_size": default_max_batch_size,
             "backend_config": backend_config,
+            "cache_size": cache_size(values["cache_config"]),
             "access": access_options(values),
             "config_file": config_file,
         }
@@ -204,6 +208,7 @@ DERIVED: Final = {
     "load_model": "load_models",
     "state_dir": "state_dir",
     "backend_config": "backend_config",
+    "cache_config": "cache_size",
     "http_restricted_api": "access",
     "grpc_restricted_protocol": "access",
     "guarded_apis": "access",

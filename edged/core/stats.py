@@ -106,6 +106,9 @@ class ModelStatistics:
     # (Triton counts that a success), or the answer failed after the model succeeded (a requested output missing,
     # a response that cannot be encoded). Errors, not more requests, for the history.
     answered_errors: int = 0
+    # The version answers from the response cache (its config enables it and the device has one): the metrics
+    # then list its nv_cache_* counters, as Triton lists them for such a model only.
+    cache_enabled: bool = False
     # Successful requests by end-to-end duration (LATENCY_BUCKETS, cumulative).
     latency: list[int] = field(default_factory=lambda: [0] * LATENCY_BUCKETS, repr=False, compare=False)
     # Told of every successful request when the metrics keep per-request observations (latency summaries, the
@@ -130,6 +133,27 @@ class ModelStatistics:
         self.compute_infer.add(timing.infer_ns)
         self.compute_output.add(timing.output_ns)
         self.last_inference = time.time_ns() // 1_000_000
+        self._count_latency(request_ns)
+
+        if self.observer is not None:
+            self.observer(self, request_ns, queue_ns, timing)
+
+    def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache, as Triton counts it: a success with its duration and queue
+        time, and a cache hit; no inference, no execution, no compute time. ``last_inference`` stays, as Triton 2.51
+        leaves it on a hit (measured)."""
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(lookup_ns)
+        self._count_latency(request_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A successful request the cache did not hold: its lookup and insertion time, which Triton adds to the
+        request's duration too."""
+        self.cache_miss.add(miss_ns)
+        self.success.ns += miss_ns
+
+    def _count_latency(self, request_ns: int) -> None:
         # The bucket by bit arithmetic rather than a search: a handful of integer operations per request.
         us = request_ns // 1000
         if us >= 16:
@@ -140,9 +164,6 @@ class ModelStatistics:
         else:
             index = us if us > 0 else 0
         self.latency[index] += 1
-
-        if self.observer is not None:
-            self.observer(self, request_ns, queue_ns, timing)
 
     def record_failure(self, request_ns: int, reason: FailureReason = FailureReason.BACKEND) -> None:
         self.fail.add(request_ns)

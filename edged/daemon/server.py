@@ -46,6 +46,7 @@ from edged.core.repository.modes import ControlMode, ControlOptions
 from edged.core.repository.private_copies import FoldersOverlap
 from edged.core.repository.probation import ProbationLimits
 from edged.core.repository.uploads import ModelUploads, UploadOptions
+from edged.core.response_cache import ResponseCache
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.core.stats import UnroutedErrors
@@ -73,7 +74,7 @@ from edged.daemon.workers import WorkerPlan, WorkersPart
 from edged.frontends.access import access_refusal_counter, counting
 from edged.frontends.http import refusal_counter
 from edged.frontends.metrics.endpoint import MetricsCollector, edged_registry
-from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics
+from edged.frontends.metrics.models import LatencyRecorder, ModelMetrics, ResponseCacheBytes
 from edged.frontends.metrics.system import DeviceReader, SystemMetrics
 from edged.state.lock import StateDirectoryLock
 from edged.state.records import StateError
@@ -124,6 +125,8 @@ class Core:
     access_refused: Counter | None = None
     # The alert rules an admin turned on in the console, when there is a state database to keep them.
     alerts: Alerts | None = None
+    # The response cache (--cache-config), when there is one.
+    response_cache: ResponseCache | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> Core:
@@ -151,6 +154,7 @@ class Core:
         backends = BackendRegistry(settings.backend_config, backend_directory=settings.backend_directory)
         # Per-request latencies for the metrics' summaries and histograms, when --metrics-config asks for them.
         latencies = LatencyRecorder(settings.metrics_config)
+        response_cache = ResponseCache(settings.cache_size) if settings.cache_size is not None else None
         manager = ModelRepositoryManager(
             ManagerOptions(
                 repositories=settings.model_repositories,
@@ -161,6 +165,7 @@ class Core:
                 config_name=settings.model_config_name,
                 devices=devices,
                 request_observer=latencies.observer,
+                response_cache=response_cache,
             ),
             executor,
             backends,
@@ -180,6 +185,8 @@ class Core:
         except FoldersOverlap as exc:
             raise StartupError(str(exc)) from None
         registry = edged_registry()
+        if response_cache is not None:
+            registry.register(ResponseCacheBytes(response_cache))
         alerts = Alerts(store, device=settings.device_id) if store is not None else None
         if alerts is not None:
             try:
@@ -256,6 +263,7 @@ class Core:
             store,
             access_refused,
             alerts,
+            response_cache,
         )
 
     def status(self, endpoints: str) -> str:
@@ -478,7 +486,7 @@ def _parts(
         )
         yield SystemMetricsPart(system)
         families = ModelMetrics(core.service, settings.metrics_config, core.latencies)
-        collector = MetricsCollector(families, system, core.backends.custom_metrics, core.registry)
+        collector = MetricsCollector(families, system, core.backends.custom_metrics, core.registry, core.response_cache)
         metrics = metrics_endpoint(settings, collector, sockets.metrics, core.refused, core.access, tls.metrics)
         endpoints.append(metrics)
         yield metrics

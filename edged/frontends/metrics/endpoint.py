@@ -8,12 +8,14 @@ import prometheus_client
 from prometheus_client import CollectorRegistry
 
 from edged.frontends.metrics.exposition import CONTENT_TYPE, Family, render
+from edged.frontends.metrics.models import cache_families
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from typing import Any
 
     from edged.core.backend_api import CustomMetricFamily
+    from edged.core.response_cache import ResponseCache
     from edged.frontends.metrics.models import ModelMetrics
     from edged.frontends.metrics.system import SystemMetrics
 
@@ -40,11 +42,14 @@ class MetricsCollector:
         system: SystemMetrics | None = None,
         custom: Callable[[], list[CustomMetricFamily]] | None = None,
         registry: CollectorRegistry | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
+        """``cache``: the response cache, whose device-wide gauges follow the system's, when the device has one."""
         self._models = models
         self._system = system
         self._custom = custom
         self._registry = registry
+        self._cache = cache
 
     def render(self) -> bytes:
         text = render(self.collect())
@@ -58,6 +63,8 @@ class MetricsCollector:
             families += self._models.collect()
         if self._system is not None:
             families += self._system.collect()
+        if self._cache is not None:
+            families += cache_families(self._cache)
         if self._custom is not None:
             families += [custom_family(family) for family in self._custom()]
         return families

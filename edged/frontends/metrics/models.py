@@ -15,11 +15,16 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from prometheus_client.core import GaugeMetricFamily
+
 from edged.core.stats import FailureReason
 from edged.errors import EdgedError
 from edged.frontends.metrics.exposition import Family, Labels, format_value
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from edged.core.response_cache import ResponseCache
     from edged.core.service import InferenceService
     from edged.core.stats import ExecutionTiming, ModelStatistics, RequestObserver
     from edged.frontends.metrics.config import MetricsConfig
@@ -39,6 +44,13 @@ _COUNTS = (
     ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes"),
     ("nv_inference_count", "Number of inferences performed (does not include cached requests)"),
     ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)"),
+)
+# Triton's per-model cache counters, listed for a version whose response cache is on (with the latency counters).
+_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds"),
 )
 _DURATIONS = (
     (
@@ -236,6 +248,7 @@ class ModelMetrics:
             versions.append((stats, config))
         success, failure, count, exec_count = (Family(name, text, "counter") for name, text in _COUNTS)
         durations = [Family(name, text, "counter") for name, text in _DURATIONS]
+        cached = [Family(name, text, "counter") for name, text in _CACHE_COUNTERS]
         pending = Family(*_PENDING, "gauge")
         summaries = [Family(name, text, "summary") for name, text in _SUMMARIES]
         histogram = Family(FIRST_RESPONSE_HISTOGRAM, _FIRST_RESPONSE_HELP, "histogram")
@@ -251,6 +264,18 @@ class ModelMetrics:
             totals = (stats.success, stats.queue, stats.compute_input, stats.compute_infer, stats.compute_output)
             for family, total in zip(durations, totals, strict=True):
                 family.add(labels, total.ns // 1000)
+            if stats.cache_enabled:
+                for family, number in zip(
+                    cached,
+                    (
+                        stats.cache_hit.count,
+                        stats.cache_hit.ns // 1000,
+                        stats.cache_miss.count,
+                        stats.cache_miss.ns // 1000,
+                    ),
+                    strict=True,
+                ):
+                    family.add(labels, number)
             pending.add(labels, stats.pending)
             key = (stats.name, stats.version)
             if self._config.summary_latencies:
@@ -266,9 +291,54 @@ class ModelMetrics:
         families = [success, failure, count, exec_count]
         if self._config.counter_latencies:
             families += durations
+            families += [family for family in cached if family.samples]
         families.append(pending)
         if self._config.summary_latencies:
             families += summaries
         if self._config.histogram_latencies:
             families.append(histogram)
         return families
+
+
+def cache_families(cache: ResponseCache) -> list[Family]:
+    """Triton's device-wide gauges of its response cache (listed while the device has one). Triton refreshes them
+    every few seconds; these are read at the scrape."""
+    counts = cache.counts
+    values: tuple[tuple[str, str, float], ...] = (
+        ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.bytes / cache.size),
+        ("nv_cache_num_entries", "Number of responses stored in response cache", cache.entry_count),
+        ("nv_cache_num_hits", "Number of cache hits in response cache", counts.hits),
+        ("nv_cache_num_misses", "Number of cache misses in response cache", counts.misses),
+        ("nv_cache_num_lookups", "Number of cache lookups in response cache", counts.hits + counts.misses),
+        ("nv_cache_num_evictions", "Number of cache evictions in response cache", counts.evictions),
+        (
+            "nv_cache_lookup_duration",
+            "Total cache lookup duration (hit and miss), in microseconds",
+            counts.lookup_ns // 1000,
+        ),
+        ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds", counts.insertion_ns // 1000),
+    )
+    families = []
+    for name, text, value in values:
+        family = Family(name, text, "gauge")
+        family.add((), value)
+        families.append(family)
+    return families
+
+
+class ResponseCacheBytes:
+    """``edged_response_cache_bytes`` and ``edged_response_cache_size_bytes``: a prometheus-client collector of what
+    the response cache holds and may hold, in bytes (Triton has only the ratio, nv_cache_util)."""
+
+    def __init__(self, cache: ResponseCache) -> None:
+        self._cache = cache
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        used = GaugeMetricFamily(
+            "edged_response_cache_bytes", "Bytes the response cache's entries take (never above its size)"
+        )
+        used.add_metric([], self._cache.bytes)
+        yield used
+        size = GaugeMetricFamily("edged_response_cache_size_bytes", "The response cache's size (--cache-config)")
+        size.add_metric([], self._cache.size)
+        yield size
