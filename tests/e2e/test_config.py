@@ -259,6 +259,7 @@ def test_every_option_reaches_the_settings(tmp_path: Path) -> None:
         "sync_max_rate": "2M",
         "sync_channel": "canary",
         "device_id": "kiosk-1",
+        "cache_config": ["local,size=1024"],
     }
     for option in OPTIONS:
         value = changed.get(option.key)
