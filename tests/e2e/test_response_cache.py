@@ -280,8 +280,8 @@ def test_without_cache_config_nothing_is_cached(tmp_path: Path) -> None:
     assert stats["inference_stats"]["cache_miss"] == {"count": 0, "ns": 0}
     assert stats["execution_count"] == 3
     assert not any(key.startswith(("nv_cache", "edged_response_cache")) for key in sample)
-    # Said once, at the load.
-    assert log.count("response_cache is enabled in its config but the server has no response cache") == 1
+    # Said once, at the load, and shown among the model's notes.
+    assert log.count("response_cache is not acted upon: the server has no response cache") == 1
 
 
 @pytest.mark.parametrize(

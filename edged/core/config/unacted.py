@@ -1,6 +1,7 @@
 """The fields of a model config that edged reads and does not act on: each one a config sets is logged as a warning
 when the model loads and listed among the model's notes (the console's model page), so that no setting is dropped
-without a word. A field edged acts on, or refuses, is not here; ``response_cache`` is acted upon elsewhere.
+without a word. A field edged acts on, or refuses, is not here; ``response_cache`` is, when the server has no
+response cache to act on it with.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ class Unacted(NamedTuple):
         return f"{self.field}: {self.why}"
 
 
-def unacted_fields(config: ModelConfig) -> list[Unacted]:
-    """The fields ``config`` sets that edged does not act on, each with why, in the config's order."""
+def unacted_fields(config: ModelConfig, *, cache: bool = True) -> list[Unacted]:
+    """The fields ``config`` sets that edged does not act on, each with why, in the config's order; ``cache``:
+    whether the server has a response cache (--cache-config)."""
     out: list[Unacted] = []
+    if config.response_cache.enable and not cache:
+        out.append(
+            Unacted(
+                "response_cache",
+                "the server has no response cache (--cache-config local,size=BYTES): its requests are not cached",
+            )
+        )
     optimization = config.optimization
     if optimization.HasField("cuda") and optimization.cuda.ByteSize():
         out.append(

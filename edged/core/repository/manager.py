@@ -178,6 +178,11 @@ class ModelRepositoryManager:
         return scan_repositories(self._options.repositories, self._options.config_name)
 
     @property
+    def caches_responses(self) -> bool:
+        """Whether the server has a response cache (--cache-config) for the models whose config enables one."""
+        return self._options.response_cache is not None
+
+    @property
     def devices(self) -> DeviceInventory:
         """The devices found at start, that instances are placed on."""
         return self._options.devices
@@ -330,7 +335,7 @@ class ModelRepositoryManager:
             self._complete_config(source, config, versions)
         except EdgedError as exc:
             raise VersionsUnavailable(exc, versions) from None
-        for note in unacted_fields(config):
+        for note in unacted_fields(config, cache=self.caches_responses):
             log.warning("model '%s': %s is not acted upon: %s", source.name, note.field, note.why)
         return config, versions
 

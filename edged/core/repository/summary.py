@@ -117,7 +117,8 @@ def summaries(manager: ModelRepositoryManager, devices: DeviceInventory) -> list
         entry = manager.entry(name)
         source = scan.models.get(name)
         on_disk = version_numbers(source) if source is not None else []
-        out.append(_summary(name, entry, on_disk, str(source.repository) if source else "", devices))
+        repository = str(source.repository) if source else ""
+        out.append(_summary(name, entry, on_disk, repository, devices, manager.caches_responses))
     return out
 
 
@@ -139,7 +140,7 @@ def config_text(manager: ModelRepositoryManager, name: str) -> str | None:
 
 
 def _summary(
-    name: str, entry: ModelEntry | None, on_disk: list[int], repository: str, devices: DeviceInventory
+    name: str, entry: ModelEntry | None, on_disk: list[int], repository: str, devices: DeviceInventory, cache: bool
 ) -> ModelSummary:
     loaded = entry.versions if entry is not None else {}
     versions = [
@@ -160,7 +161,7 @@ def _summary(
         dynamic_batching=config.HasField("dynamic_batching") if config is not None else False,
         repository=repository,
         wanted=entry is not None and entry.wanted,
-        notes=tuple(str(note) for note in unacted_fields(config)) if config is not None else (),
+        notes=(tuple(str(note) for note in unacted_fields(config, cache=cache)) if config is not None else ()),
     )
 
 
