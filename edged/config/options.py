@@ -22,6 +22,7 @@ from edged.config.values import (
     check_repository,
     check_restricted,
 )
+from edged.core.tracing import check_trace_config
 
 MIB: Final = 1024 * 1024
 
@@ -602,6 +603,16 @@ OPTIONS: Final[tuple[Option, ...]] = (
         repeatable=True,
         metavar="CACHE,KEY=VALUE",
         check=check_cache_config,
+    ),
+    Option(
+        "trace-config",
+        "str",
+        [],
+        "Triton's trace extension: level=OFF|TIMESTAMPS|TENSORS, rate=N (every Nth request), count=N (-1: no end), "
+        "log_frequency=N (traces per FILE.N; 0: all into FILE), triton,file=FILE, mode=triton (repeatable)",
+        repeatable=True,
+        metavar="[MODE,]KEY=VALUE",
+        check=check_trace_config,
     ),
     Option(
         "exit-timeout-secs",

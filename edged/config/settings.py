@@ -122,6 +122,8 @@ class Settings:
     log_error: bool
     log_format: str
     log_file: Path | None
+    # --trace-config as given (edged.core.tracing.parse_trace_config reads it).
+    trace_config: list[str]
     # The configuration file these settings were read from, if any (edged.config.resolve).
     config_file: Path | None = None
 

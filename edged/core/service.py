@@ -29,6 +29,7 @@ from edged.core.request.tensors import array_to_binary
 from edged.core.request.validation import raw_binary_input, validate_request
 from edged.core.shared_memory import SharedMemoryManager
 from edged.core.stats import UnroutedErrors
+from edged.core.tracing import TraceManager
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from edged.state.store import HistoryEvent
 
 # What this server implements of Triton's protocol extensions, as GET /v2 reports it: Triton's names, in Triton's
-# order. Not "trace": edged records no traces, and its trace-setting routes say so (501).
+# order.
 EXTENSIONS: tuple[str, ...] = (
     "classification",
     "sequence",
@@ -64,6 +65,7 @@ EXTENSIONS: tuple[str, ...] = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
     "logging",
 )
 
@@ -90,6 +92,9 @@ class ModelHandle:
 class InferencePath(Protocol):
     """What the inference endpoints call: InferenceService in the daemon, edged.frontends.relay.remote's
     RemoteService in a frontend worker process."""
+
+    # The trace settings; the endpoints sample a request only while ``tracing.enabled``.
+    tracing: TraceManager
 
     def find_model(self, name: str, version: int) -> ModelHandle: ...
 
@@ -156,6 +161,7 @@ class InferenceService:
         self._metadata = ServerMetadata(server_id, __version__, EXTENSIONS)
         self._strict_readiness = strict_readiness
         self._controller = controller
+        self.tracing = TraceManager()
         # Live from construction; ready once the daemon finished its start-up loads (set by the daemon).
         self.started = False
         self.stopping = False
@@ -386,6 +392,8 @@ class InferenceService:
         finally:
             if held:
                 self.shared_memory.release(held)
+            if request.trace is not None:
+                request.trace.request_end()
 
     async def infer_stream(
         self, request: InferRequest, handle: ModelHandle | None = None
@@ -430,6 +438,8 @@ class InferenceService:
                 request.cancel()
             if held:
                 self.shared_memory.release(held)
+            if request.trace is not None:
+                request.trace.request_end()
 
     def _stream_erred(self, model: ModelVersion, execution: asyncio.Future[InferResponse | EdgedError | None]) -> None:
         """A decoupled request's stream carried an error: the scheduler counted it if the execution failed; if the
@@ -462,6 +472,8 @@ class InferenceService:
         validate_request(model.signature, request)
         request.model_version = model.version
         request.arrival_ns = time.monotonic_ns()
+        if request.trace is not None:
+            request.trace.accepted(request)
 
     def _select_outputs(self, model: ModelVersion, request: InferRequest, response: InferResponse) -> None:
         """Keep the requested outputs in the requested order, applying classification where asked. One the model

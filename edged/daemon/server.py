@@ -50,6 +50,7 @@ from edged.core.response_cache import ResponseCache
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.core.stats import UnroutedErrors
+from edged.core.tracing import TraceManager, parse_trace_config
 from edged.daemon.alerts import AlertsPart, unready_models
 from edged.daemon.console import console_part
 from edged.daemon.endpoints import (
@@ -229,6 +230,7 @@ class Core:
             conditions=conditions,
             alerts=alerts,
         )
+        service.tracing = TraceManager(parse_trace_config(settings.trace_config))
         if alerts is not None:
             alerts.watch(
                 Gauges(
@@ -294,6 +296,7 @@ class CorePart:
             await asyncio.to_thread(self._core.audit.close)
         self._core.controller.close()
         self._core.shared_memory.close()
+        self._core.service.tracing.close()  # traces still buffered (log_frequency 0) written, as Triton does at exit
         self._core.executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -327,8 +330,7 @@ class ModelsPart:
         if self._core.service.uploads is not None:
             await self._core.service.uploads.close()
         await self._core.controller.stop()
-        # Waits for the executions the cancelled requests left behind (within the exit timeout); Python stubs'
-        # finalize() runs here.
+        # Waits for what the cancelled requests left running (within the exit timeout); stubs' finalize() runs here.
         await self._core.manager.unload_all(self._settings.exit_timeout_secs)
 
 

@@ -271,14 +271,14 @@ def test_statistics_errors(grpc_client: grpcclient.InferenceServerClient) -> Non
     )
 
 
-def test_trace_settings_are_unimplemented(grpc_client: grpcclient.InferenceServerClient) -> None:
-    for call in (
-        grpc_client.get_trace_settings,
-        lambda: grpc_client.update_trace_settings(settings={"trace_rate": "1"}),
-    ):
-        error = _error(call)
-        assert error.status() == str(grpc.StatusCode.UNIMPLEMENTED)
-        assert error.message()
+def test_trace_settings_without_a_trace_file(grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Tracing is off without --trace-config (tests/e2e/test_trace.py tests tracing); no level can be set."""
+    settings = grpc_client.get_trace_settings(as_json=True)["settings"]
+    assert settings["trace_level"]["value"] == ["OFF"]
+    assert settings["trace_file"]["value"] == [""]
+    error = _error(lambda: grpc_client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}))
+    assert error.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
+    assert error.message() == "Attempting to set invalid trace setting :trace file name is not given"
 
 
 def test_shared_memory_is_off_unless_allowed(grpc_client: grpcclient.InferenceServerClient) -> None:

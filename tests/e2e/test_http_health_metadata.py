@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -230,8 +231,7 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     extensions = metadata["extensions"]
     assert isinstance(extensions, list)
     assert all(isinstance(extension, str) for extension in extensions)
-    # Triton 2.51's list, in its order and spelling, less "trace": edged records no traces (the trace-setting
-    # routes answer 501).
+    # Triton 2.51's list, in its order and spelling.
     assert extensions == [
         "classification",
         "sequence",
@@ -244,6 +244,7 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
         "binary_tensor_data",
         "parameters",
         "statistics",
+        "trace",
         "logging",
     ]
 
@@ -472,7 +473,8 @@ def test_disabled_auto_complete_rejects_a_model_without_config(small_repository:
         ("POST", "/v2/models/add_sub/trace/setting"),
     ],
 )
-def test_settings_not_yet_offered_are_unsupported(server: Server, method: str, path: str) -> None:
+def test_trace_settings_without_a_trace_file(server: Server, method: str, path: str) -> None:
+    """Tracing is off without --trace-config: Triton's defaults (tests/e2e/test_trace.py tests tracing)."""
     reply = request(server.http_url, method, path, "{}" if method == "POST" else None)
-    assert reply.status == 501, reply
-    assert "not supported" in reply.error() or "cannot be read or changed" in reply.error()
+    assert reply.status == 200, reply
+    assert json.loads(reply.body)["trace_level"] == ["OFF"]

@@ -35,6 +35,8 @@ def request_spec(request: InferRequest, rid: int, tensors: ipc.TensorWriter) -> 
             inputs.append(tensors.add(tensor.name, tensor.datatype, shape, tensor.data))
     # Fields at their default value stay out of the message (the stub fills them in).
     spec: ipc.RequestMsg = {"rid": rid, "inputs": inputs}
+    if request.trace is not None:
+        spec["trace"] = request.trace.id
     if request.id:
         spec["id"] = request.id
     if request.outputs:

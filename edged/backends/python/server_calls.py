@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from edged.backends.python.wire import ipc, shm
 from edged.core.request.inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from edged.core.trace_file import LIVE
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -79,7 +80,12 @@ class ServerCalls:
             outputs=[RequestedOutput(n) for n in names] if names else None,
             parameters=parameters,
         )
+        # Passed ``trace=request.trace()``: the call is traced as a child of the request the model serves.
+        parent = LIVE.traces.get(spec["trace"]) if "trace" in spec else None
+        request.trace = trace = parent.child() if parent is not None else None
         task = asyncio.ensure_future(self._run_bls(call, request, bool(message.get("decoupled"))))
+        if trace is not None:  # ended however the call ends (the service ends it once it ran)
+            task.add_done_callback(lambda _: trace.close())
         self._bls[call] = (request, task)
         task.add_done_callback(lambda _: self._bls.pop(call, None))
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
+    from edged.core.trace_file import Trace
     from edged.errors import EdgedError
 
 # Request parameter values as KServe v2 allows them (bool, int, float, str).
@@ -63,6 +64,8 @@ class InferRequest:
     # Set by a backend whose model released the request to run again (Triton's RESCHEDULE release flag): the
     # sequence batcher of an iterative sequence model gives it to a later execution.
     run_again: bool = False
+    # Set when the request is traced (edged.core.tracing): what the core and the backends record of it.
+    trace: Trace | None = None
     _cancel_callbacks: list[Callable[[], None]] | None = None
 
     def cancel(self) -> None:

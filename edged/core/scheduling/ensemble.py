@@ -289,6 +289,9 @@ class EnsembleModel:
 class _Runner:
     """Runs requests through the steps; stateless, so one object serves every slot the scheduler sees."""
 
+    # An ensemble computes nothing itself: its trace has no compute timestamps (its steps' traces have them).
+    traces_compute = False
+
     def __init__(self, config: ModelConfig, steps: list[_Step], server: ServerApi) -> None:
         self.name = f"{config.name}_0"
         self._config = config
@@ -417,11 +420,15 @@ class _Runner:
     ) -> AsyncIterator[dict[str, InferInput | None]]:
         """Each response of a decoupled step, as the ensemble tensors it produces."""
         sub, batched = self._sub_request(step, request, tensors)
-        async for item in self._server.infer_stream(sub):
-            if item.error is not None:
-                raise self._step_error(step, item.error)
-            if item.response is not None:
-                yield self._produced(step, item.response, batched)
+        try:
+            async for item in self._server.infer_stream(sub):
+                if item.error is not None:
+                    raise self._step_error(step, item.error)
+                if item.response is not None:
+                    yield self._produced(step, item.response, batched)
+        finally:
+            if sub.trace is not None:
+                sub.trace.close()
 
     def _sub_request(
         self, step: _Step, request: InferRequest, tensors: dict[str, InferInput | None]
@@ -446,6 +453,8 @@ class _Runner:
             inputs=inputs,
             outputs=[RequestedOutput(name) for name in step.outputs],
             parameters=request.parameters,
+            # A traced ensemble traces its steps, as Triton does: child traces that name the ensemble's.
+            trace=request.trace.child() if request.trace is not None else None,
         )
         return sub, batched
 
@@ -467,7 +476,11 @@ class _Runner:
         self, step: _Step, request: InferRequest, tensors: dict[str, InferInput | None]
     ) -> dict[str, InferInput | None]:
         sub, batched = self._sub_request(step, request, tensors)
-        response = await self._server.infer(sub)
+        try:
+            response = await self._server.infer(sub)
+        finally:
+            if sub.trace is not None:
+                sub.trace.close()
         return self._produced(step, response, batched)
 
 

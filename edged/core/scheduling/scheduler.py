@@ -22,6 +22,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from edged.core.stats import ExecutionTiming, FailureReason
+from edged.core.trace_file import LIVE
 from edged.errors import AnsweredError, EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -259,10 +260,13 @@ class BatchRunner:
         timing: ExecutionTiming,
         done: Callable[[list[Any]], None],
         loop: asyncio.AbstractEventLoop | None = None,
+        traced: bool = False,
     ) -> list[Any] | None:
         """The results when the batch ran inline (``done`` is then not called); otherwise None, and ``done``
         gets them on the event loop (``loop``, the running one) when the execution ends. A backend that raises
         fails its batch only."""
+        if LIVE.count and not traced:  # some request is traced: with tracing off, this check is all it costs
+            return self._run_traced(instance, requests, timing, done, loop)
         execute_async = getattr(instance, "execute_async", None)
         if execute_async is not None:
             work: asyncio.Future[Any] = asyncio.ensure_future(execute_async(requests, timing))
@@ -275,6 +279,34 @@ class BatchRunner:
             work = loop.run_in_executor(self._executor, _run_guarded, instance, requests, timing)
         work.add_done_callback(lambda finished: done(self._outcome(finished, len(requests))))
         return None
+
+    def _run_traced(
+        self,
+        instance: BackendInstance,
+        requests: list[InferRequest],
+        timing: ExecutionTiming,
+        done: Callable[[list[Any]], None],
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> list[Any] | None:
+        """``run``, and the traced requests of the batch get the execution's compute timestamps."""
+        if not getattr(instance, "traces_compute", True):
+            return self.run(instance, requests, timing, done, loop, traced=True)
+        start = time.monotonic_ns()
+
+        def stamp(results: list[Any]) -> None:
+            end = time.monotonic_ns()
+            for request, result in zip(requests, results, strict=False):
+                if request.trace is not None:
+                    request.trace.compute(start, end, timing.input_ns, timing.output_ns, result)
+
+        def finished(results: list[Any]) -> None:
+            stamp(results)
+            done(results)
+
+        inline = self.run(instance, requests, timing, finished, loop, traced=True)
+        if inline is not None:
+            stamp(inline)
+        return inline
 
     def _outcome(self, work: asyncio.Future[Any], count: int) -> list[Any]:
         if work.cancelled() or work.exception() is not None:

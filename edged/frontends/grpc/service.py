@@ -43,11 +43,13 @@ from edged.frontends.grpc.codec import (
 )
 from edged.frontends.grpc.replies import StreamReplies, Turn
 from edged.frontends.grpc.status import StatusCode
+from edged.frontends.trace_settings import trace_setting
 from edged.proto import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
     from edged.core.request.inference import ParameterValue, StreamResponse
     from edged.core.service import InferenceService, ModelHandle
+    from edged.core.trace_file import Trace
     from edged.frontends.grpc.calls import Call
 
 log = logging.getLogger(__name__)
@@ -298,7 +300,12 @@ class InferenceServicer:
 
     @_unary
     async def TraceSetting(self, request: Any, context: Any) -> Any:
-        raise unsupported("trace settings are not supported by this server: it records no traces")
+        settings = {key: list(value.value) or None for key, value in request.settings.items()}
+        values = trace_setting(self._service, request.model_name, settings if settings else None, http=False)
+        reply = pb.TraceSettingResponse()
+        for key, value in values.items():
+            reply.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return reply
 
     @_unary
     async def LogSettings(self, request: Any, context: Any) -> Any:
@@ -343,6 +350,30 @@ class InferenceServicer:
         forwarded: dict[str, ParameterValue] | None = None,
     ) -> None:
         service = self._service
+        tracing = service.tracing
+        trace = tracing.sample(request.model_name) if tracing.enabled else None
+        if trace is None:
+            await self._infer_untraced(request, reply, streaming, model, forwarded, None)
+            return
+        # The message was read before the handler runs: both of Triton's read timestamps are taken now.
+        trace.stamp("GRPC_WAITREAD_START")
+        trace.stamp("GRPC_WAITREAD_END")
+        try:
+            await self._infer_untraced(request, reply, streaming, model, forwarded, trace)
+            trace.stamp("GRPC_SEND_END")
+        finally:
+            trace.close()
+
+    async def _infer_untraced(
+        self,
+        request: Any,
+        reply: Any,
+        streaming: bool,
+        model: ModelHandle | None,
+        forwarded: dict[str, ParameterValue] | None,
+        trace: Trace | None,
+    ) -> None:
+        service = self._service
         # Every error is counted for the metrics history: by the service when its infer raised it, else here.
         running = False
         try:
@@ -355,9 +386,12 @@ class InferenceServicer:
             decoded = decode_infer_request(request, version)
             if forwarded:  # after the request's own: a header wins over a parameter of the same name
                 decoded.parameters.update(forwarded)
+            decoded.trace = trace
             running = True
             response = await service.infer(decoded, model)
             running = False
+            if trace is not None:
+                trace.stamp("GRPC_SEND_START")
             encode_infer_response(response, reply)
         except Exception:
             if not running:

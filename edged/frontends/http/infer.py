@@ -31,6 +31,7 @@ from edged.frontends.http.codec import (
     url_version,
 )
 from edged.frontends.http.generate import GENERATE_PATH, answer_generate
+from edged.frontends.http.traced import answer_traced
 from edged.frontends.statuses import status_for
 
 if TYPE_CHECKING:
@@ -77,7 +78,27 @@ class Reply:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
-async def answer_infer(
+def answer_infer(
+    service: InferencePath,
+    options: HttpOptions,
+    path: str,
+    model_name: str,
+    version_text: str | None,
+    headers: dict[str, str],
+    read_body: Callable[[], Awaitable[bytes]],
+    run: Callable[[InferRequest, ModelHandle], Awaitable[InferResponse | None]],
+) -> Awaitable[Reply | None]:
+    """``_answer_infer``, traced when the trace setting samples the request: with tracing off, one check."""
+    tracing = service.tracing
+    trace = tracing.sample(model_name) if tracing.enabled else None
+    if trace is None:
+        return _answer_infer(service, options, path, model_name, version_text, headers, read_body, run)
+    return answer_traced(
+        _answer_infer, trace, service, options, path, model_name, version_text, headers, read_body, run
+    )
+
+
+async def _answer_infer(
     service: InferencePath,
     options: HttpOptions,
     path: str,

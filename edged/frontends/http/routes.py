@@ -35,6 +35,8 @@ from edged.frontends.http.tokens import token_create, token_list, token_revoke
 from edged.frontends.http.uploads import model_upload
 from edged.frontends.http.versions import version_activate, version_rollback
 from edged.frontends.statuses import status_for
+from edged.frontends.trace_settings import http_update
+from edged.frontends.trace_settings import trace_setting as trace_setting_of
 
 if TYPE_CHECKING:
     from edged.core.audit import AuditLog
@@ -125,13 +127,17 @@ def model_statistics(request: Request[Any, Any, Any], model: str = "", version: 
     return _json({"model_stats": kserve.model_statistics(stats)})
 
 
-# --- settings that come later ---------------------------------------------------------------------------
+# --- trace and log settings ---------------------------------------------------------------------------
 
 
 @route(["/v2/trace/setting", "/v2/models/{model:str}/trace/setting"], http_method=["GET", "POST"], status_code=200)
-async def trace_setting(model: str = "") -> Response[bytes]:
-    del model
-    raise EdgedError(ErrorCode.UNSUPPORTED, "trace settings are not supported by this server: it records no traces")
+async def trace_setting(request: Request[Any, Any, Any], model: str = "") -> Response[bytes]:
+    update = None
+    if request.method == "POST":
+        parsed = _decode(request, await request.body())
+        # As Triton: a body that is JSON but not an object sets nothing.
+        update = http_update(parsed if isinstance(parsed, dict) else {})
+    return _json(trace_setting_of(_service(request), model, update, http=True))
 
 
 @route("/v2/logging", http_method=["GET", "POST"], status_code=200)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from edged.core.request.inference import StreamResponse
 from edged.core.request.validation import raw_binary_input
 from edged.core.service import ModelHandle
+from edged.core.tracing import TraceManager
 from edged.errors import EdgedError, ErrorCode
 from edged.frontends.relay.host import SCOPE_KEYS
 from edged.frontends.relay.wire import (
@@ -157,6 +158,8 @@ class RemoteService:
         # (name, version asked for) -> (trusted until, handle); the signature of each handle's version.
         self._lookups: dict[tuple[str, int], tuple[float, ModelHandle]] = {}
         self._signatures: dict[tuple[str, int], ModelSignature] = {}
+        # A worker samples no traces: its requests are traced neither here nor by the daemon.
+        self.tracing = TraceManager()
 
     def find_model(self, name: str, version: int) -> ModelHandle:
         key = (name, version)

@@ -304,6 +304,8 @@ class Runtime:
                     spec.get("parameters", "{}"),
                 )
             )
+            if "trace" in spec:
+                requests[-1]._trace = pb_utils.InferenceTrace(spec["trace"])
         message["_requests"] = requests
         if block is not None and copy:
             block.release()
@@ -519,6 +521,8 @@ class Runtime:
             "model_name": request._model_name,
             "model_version": request._model_version,
         }
+        if request._trace._id:
+            spec["trace"] = request._trace._id
         waiter: Any = pb_utils.ResponseIterator(call) if decoupled else queue.SimpleQueue()
         self._calls[call] = waiter
         self._want_reader()

@@ -463,7 +463,11 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """Tracing is not recorded by this server: a request's trace has no context."""
+    """A request's trace, passed to a BLS request (``trace=request.trace()``) to trace the call as its child; it
+    has no OpenTelemetry context."""
+
+    def __init__(self, trace_id: int = 0) -> None:
+        self._id = trace_id
 
     def get_context(self, mode: str = "") -> str | None:
         return None

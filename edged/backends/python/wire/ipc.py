@@ -102,6 +102,7 @@ class RequestMsg(TypedDict, total=False):
     outputs: list[str]
     model_name: str
     model_version: int
+    trace: int  # the id of the request's trace, when it is traced (a BLS call may pass it on)
 
 
 class ErrorMsg(TypedDict):
