@@ -19,6 +19,8 @@ from edged.config.values import (
     check_header_pattern,
     check_metrics_config,
     check_rate,
+    check_rate_limit,
+    check_rate_limit_resource,
     check_repository,
     check_restricted,
 )
@@ -584,6 +586,25 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "how long a sync request to the object store may take (a stalled link fails the run; the next resumes)",
         low=1,
         metavar="SECONDS",
+    ),
+    Option(
+        "rate-limit",
+        "str",
+        "off",
+        "Triton's rate limiter: execution_count runs an execution only when the resources its instance group's "
+        "rate_limiter names are free, serving waiting instances by priority; off runs one whenever it is free",
+        metavar="execution_count|off",
+        check=check_rate_limit,
+    ),
+    Option(
+        "rate-limit-resource",
+        "str",
+        [],
+        "how many of a rate limiter resource there are, on DEVICE or on every device (repeatable); a resource not "
+        "given has as many as the most any instance asks for",
+        repeatable=True,
+        metavar="NAME:COUNT[:DEVICE]",
+        check=check_rate_limit_resource,
     ),
     Option(
         "backend-config",

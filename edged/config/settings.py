@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from edged.config.cache import cache_size
 from edged.config.options import BY_KEY, OPTIONS
-from edged.config.values import is_remote, parse_rate
+from edged.config.values import is_remote, parse_rate, parse_rate_limit_resource
 from edged.core.access import (
     AccessOptions,
     parse_categories,
@@ -113,6 +113,9 @@ class Settings:
     sync_timeout_secs: float
     default_max_batch_size: int
     backend_config: dict[str, dict[str, str]]
+    # --rate-limit execution_count, and each --rate-limit-resource as (name, count, device; -1: every device).
+    rate_limited: bool
+    rate_limit_resources: tuple[tuple[str, int, int], ...]
     # The local response cache's size in bytes (--cache-config local,size=BYTES); None: no response cache.
     cache_size: int | None
     exit_timeout_secs: float
@@ -186,6 +189,8 @@ class Settings:
             "state_dir": state,
             "default_max_batch_size": default_max_batch_size,
             "backend_config": backend_config,
+            "rate_limited": str(values["rate_limit"]).lower() == "execution_count",
+            "rate_limit_resources": tuple(parse_rate_limit_resource(text) for text in values["rate_limit_resource"]),
             "cache_size": cache_size(values["cache_config"]),
             "access": access_options(values),
             "config_file": config_file,
@@ -210,6 +215,8 @@ DERIVED: Final = {
     "load_model": "load_models",
     "state_dir": "state_dir",
     "backend_config": "backend_config",
+    "rate_limit": "rate_limited",
+    "rate_limit_resource": "rate_limit_resources",
     "cache_config": "cache_size",
     "http_restricted_api": "access",
     "grpc_restricted_protocol": "access",

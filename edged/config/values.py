@@ -63,6 +63,35 @@ def check_rate(value: Any) -> None:
     parse_rate(str(value))
 
 
+def check_rate_limit(value: Any) -> None:
+    if str(value).lower() not in ("execution_count", "off"):
+        raise ValueError("invalid argument for --rate-limit")  # Triton's words
+
+
+def parse_rate_limit_resource(text: str) -> tuple[str, int, int]:
+    """Triton's --rate-limit-resource NAME:COUNT[:DEVICE]: (name, count, device; -1 for every device)."""
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 3:
+        raise ValueError(
+            "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or '<resource_name>:<count>'. "
+            f"Got {text}"
+        )
+    numbers = []
+    for index, part in enumerate(parts[1:]):
+        try:
+            number = int(part)
+        except ValueError:
+            number = -2
+        if number < (0 if index == 0 else -1):  # a count is at least 0; a device -1 means every device
+            raise ValueError(f"Invalid option value. Got {part}")  # Triton's words
+        numbers.append(number)
+    return parts[0], numbers[0], numbers[1] if len(numbers) > 1 else -1
+
+
+def check_rate_limit_resource(value: Any) -> None:
+    parse_rate_limit_resource(str(value))
+
+
 def check_channel(value: Any) -> None:
     from edged.sync.fleet import channel_problem
 

@@ -47,6 +47,7 @@ from edged.core.repository.private_copies import FoldersOverlap
 from edged.core.repository.probation import ProbationLimits
 from edged.core.repository.uploads import ModelUploads, UploadOptions
 from edged.core.response_cache import ResponseCache
+from edged.core.scheduling.rate_limiter import RATE_LIMITER
 from edged.core.service import InferenceService
 from edged.core.shared_memory import SharedMemoryManager
 from edged.core.stats import UnroutedErrors
@@ -140,11 +141,8 @@ class Core:
             except OSError as exc:
                 raise StartupError(f"model repository '{repository}' cannot be read: {exc.strerror}") from None
         try:
-            store = (
-                StateStore.open(settings.state_dir, settings.history_per_model)
-                if settings.state_dir is not None
-                else None
-            )
+            state_dir = settings.state_dir
+            store = StateStore.open(state_dir, settings.history_per_model) if state_dir is not None else None
         except StateError as exc:
             raise StartupError(str(exc)) from None
         # Worker threads for model executions: enough for every core to be busy in onnxruntime.
@@ -153,6 +151,7 @@ class Core:
         devices = DeviceInventory.discover()
         log.info("devices: %s", devices.describe())
         backends = BackendRegistry(settings.backend_config, backend_directory=settings.backend_directory)
+        RATE_LIMITER.configure(settings.rate_limited, settings.rate_limit_resources)
         # Per-request latencies for the metrics' summaries and histograms, when --metrics-config asks for them.
         latencies = LatencyRecorder(settings.metrics_config)
         response_cache = ResponseCache(settings.cache_size) if settings.cache_size is not None else None

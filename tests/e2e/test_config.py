@@ -260,6 +260,8 @@ def test_every_option_reaches_the_settings(tmp_path: Path) -> None:
         "sync_channel": "canary",
         "device_id": "kiosk-1",
         "cache_config": ["local,size=1024"],
+        "rate_limit": "execution_count",
+        "rate_limit_resource": ["R:1"],
     }
     for option in OPTIONS:
         value = changed.get(option.key)

@@ -131,15 +131,14 @@ def test_fields_not_acted_upon_are_logged_once_and_shown(
     expected = {
         "optimization.cuda": "edged captures no CUDA graphs",
         "optimization.priority": "edged runs every model's instances at the same priority",
-        "instance_group.rate_limiter": "edged has no rate limiter: an instance runs whenever it is free (instance "
-        "group fast)",
         "instance_group.host_policy": "edged has no host policies (instance group fast)",
         "model_repository_agents": "edged runs only the checksum repository agent, not 'relocation'",
     }
     for field, why in expected.items():
         line = f"model '{NOTED}': {field} is not acted upon: {why}"
         assert log.count(line) == 1, (line, log[-3000:])
-    # The checksum agent is acted upon: never a note.
+    # The checksum agent and the rate limiter are acted upon: never a note.
+    assert "instance_group.rate_limiter" not in log
     assert f"model '{SUMMED}': model_repository_agents" not in log
     session = http_login(server.console_port, "vera")
     status, _, page = session.request("GET", f"/models/{NOTED}")

@@ -35,6 +35,7 @@ from edged.backends.python.wire import shm
 from edged.core.backend_api import CustomMetric, CustomMetricFamily
 from edged.core.config.model_config import model_config_from_json, model_config_to_json
 from edged.core.devices import InstancePlacement, instance_placements
+from edged.core.scheduling.rate_limiter import RATE_LIMITER
 from edged.errors import EdgedError, ErrorCode
 
 if TYPE_CHECKING:
@@ -202,6 +203,8 @@ class PythonBackend:
         # Behind the sequence batcher each instance is itself: a sequence stays on the stub it started on.
         choice = config.WhichOneof("scheduling_choice")
         slots = {"dynamic_batching": 1, "sequence_batching": 0}.get(choice or "", SLOTS_PER_INSTANCE)
+        if RATE_LIMITER.on:
+            slots = 0  # the rate limiter gates each instance itself, on its device, with its group's resources
         model = PythonModel(instances, slots, state)
         if state.host is not None:
             state.host.loop.call_soon_threadsafe(model.attach)

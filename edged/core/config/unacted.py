@@ -53,7 +53,6 @@ def unacted_fields(config: ModelConfig, *, cache: bool = True) -> list[Unacted]:
         out.append(Unacted("optimization.eager_batching", "edged's batchers do not start a batch early for it"))
     groups = config.instance_group
     for field, why in (
-        ("rate_limiter", "edged has no rate limiter: an instance runs whenever it is free"),
         ("host_policy", "edged has no host policies"),
         ("secondary_devices", "edged gives an instance only its one device"),
         ("passive", "edged schedules requests on passive instances as on any other"),
@@ -79,6 +78,4 @@ def unacted_fields(config: ModelConfig, *, cache: bool = True) -> list[Unacted]:
 
 
 def _sets(group: ModelInstanceGroup, field: str) -> bool:
-    if field == "rate_limiter":
-        return bool(group.HasField("rate_limiter")) and group.rate_limiter.ByteSize() > 0
     return bool(getattr(group, field))

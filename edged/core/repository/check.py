@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from edged.core.devices import DeviceInventory
 from edged.core.repository.manager import ManagerOptions, ModelRepositoryManager, ModelState, VersionsUnavailable
 from edged.core.repository.scan import scan_repositories
+from edged.core.scheduling.rate_limiter import RATE_LIMITER
 from edged.errors import EdgedError
 
 if TYPE_CHECKING:
@@ -45,5 +46,6 @@ def check_repositories(repositories: list[Path], backends: Backends, *, auto_com
                 if version.state is not ModelState.READY:
                     problems.append(f"{name} version {number}: {version.reason}")
                 elif version.backend_model is not None:
+                    RATE_LIMITER.forget(version.backend_model)
                     version.backend_model.unload()
     return problems

@@ -40,6 +40,7 @@ from edged.core.repository.warmup import run_warmup
 from edged.core.request.validation import ModelSignature
 from edged.core.scheduling.cached import with_response_cache
 from edged.core.scheduling.dynamic import DynamicBatcher
+from edged.core.scheduling.rate_limiter import RATE_LIMITER
 from edged.core.scheduling.scheduler import DirectScheduler
 from edged.core.scheduling.sequence import SequenceBatcher
 from edged.core.scheduling.sequence_inputs import check_sequence_config
@@ -224,10 +225,7 @@ class ModelRepositoryManager:
             self._models[entry.source.name] = loaded
             for version in loaded.versions.values():
                 if version.backend_model is not None:
-                    version.stats = ModelStatistics(
-                        version.name, version.version, observer=self._options.request_observer
-                    )
-                    version.scheduler = self._scheduler(version, version.stats)
+                    self.activate(version)
 
     def _scheduler(self, version: ModelVersion, stats: ModelStatistics) -> Scheduler:
         """Triton's: the dynamic batcher for a config with ``dynamic_batching``, else one request per execution."""
@@ -414,8 +412,7 @@ class ModelRepositoryManager:
             version.backend_model = self._backends.get(backend_name(config)).load(
                 config, self.context(source, config, number)
             )
-            if config.model_warmup:
-                self._warm_up(version, config, source)
+            self._warm_up(version, config, source)
         except EdgedError as exc:
             version.state, version.reason = ModelState.UNAVAILABLE, exc.describe()
             log.error("failed to load '%s' version %d: %s", source.name, number, exc.message)
@@ -425,15 +422,17 @@ class ModelRepositoryManager:
 
     @staticmethod
     def _warm_up(version: ModelVersion, config: ModelConfig, source: ModelSource) -> None:
-        """Run the config's model_warmup on every instance; a failure releases the instances and fails the load."""
+        """Run the config's model_warmup on every instance, then give the instances to the rate limiter; a failure
+        releases the instances and fails the load."""
         model, signature = version.backend_model, version.signature
         assert model is not None and signature is not None
-        if config.model_transaction_policy.decoupled:
-            # A decoupled model answers through streams the load thread cannot read; it loads without warmup.
-            log.warning("model '%s': model_warmup is not run for a decoupled model", source.name)
-            return
         try:
-            run_warmup(config, source.path, signature, model)
+            if config.model_warmup and config.model_transaction_policy.decoupled:
+                # A decoupled model answers through streams the load thread cannot read; it loads without warmup.
+                log.warning("model '%s': model_warmup is not run for a decoupled model", source.name)
+            elif config.model_warmup:
+                run_warmup(config, source.path, signature, model)
+            RATE_LIMITER.admit(model, config)
         except EdgedError:
             version.backend_model = None
             model.unload()

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from edged.core.repository.manager import ModelState
+from edged.core.scheduling.rate_limiter import RATE_LIMITER
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -62,6 +63,7 @@ class Retirements:
         if version.scheduler is not None:
             await version.scheduler.drain()
         backend_model, version.backend_model, version.scheduler = version.backend_model, None, None
+        RATE_LIMITER.forget(backend_model)
         if backend_model is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(self._load_pool, backend_model.unload)

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from edged.core.scheduling.rate_limiter import RATE_LIMITER
 from edged.core.stats import ExecutionTiming, FailureReason
 from edged.core.trace_file import LIVE
 from edged.errors import AnsweredError, EdgedError, ErrorCode
@@ -261,10 +262,13 @@ class BatchRunner:
         done: Callable[[list[Any]], None],
         loop: asyncio.AbstractEventLoop | None = None,
         traced: bool = False,
+        gated: bool = False,
     ) -> list[Any] | None:
         """The results when the batch ran inline (``done`` is then not called); otherwise None, and ``done``
         gets them on the event loop (``loop``, the running one) when the execution ends. A backend that raises
         fails its batch only."""
+        if RATE_LIMITER.on and not gated:  # --rate-limit execution_count: with it off, this check is all it costs
+            return self._run_gated(instance, requests, timing, done, loop)
         if LIVE.count and not traced:  # some request is traced: with tracing off, this check is all it costs
             return self._run_traced(instance, requests, timing, done, loop)
         execute_async = getattr(instance, "execute_async", None)
@@ -280,6 +284,32 @@ class BatchRunner:
         work.add_done_callback(lambda finished: done(self._outcome(finished, len(requests))))
         return None
 
+    def _run_gated(
+        self,
+        instance: BackendInstance,
+        requests: list[InferRequest],
+        timing: ExecutionTiming,
+        done: Callable[[list[Any]], None],
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> list[Any] | None:
+        """``run`` once the rate limiter allocates the instance its resources; they are released as it ends."""
+        context = RATE_LIMITER.context(instance)
+        if context is None:
+            return self.run(instance, requests, timing, done, loop, gated=True)
+        loop = loop or asyncio.get_running_loop()
+
+        def finished(results: list[Any]) -> None:
+            RATE_LIMITER.release(context)
+            done(results)
+
+        def start() -> None:
+            inline = self.run(instance, requests, timing, finished, loop, gated=True)
+            if inline is not None:  # on the next turn: the schedulers expect ``done`` after ``run`` returned
+                loop.call_soon(finished, inline)
+
+        RATE_LIMITER.request(context, start)
+        return None
+
     def _run_traced(
         self,
         instance: BackendInstance,
@@ -290,7 +320,7 @@ class BatchRunner:
     ) -> list[Any] | None:
         """``run``, and the traced requests of the batch get the execution's compute timestamps."""
         if not getattr(instance, "traces_compute", True):
-            return self.run(instance, requests, timing, done, loop, traced=True)
+            return self.run(instance, requests, timing, done, loop, traced=True, gated=True)
         start = time.monotonic_ns()
 
         def stamp(results: list[Any]) -> None:
@@ -303,7 +333,7 @@ class BatchRunner:
             stamp(results)
             done(results)
 
-        inline = self.run(instance, requests, timing, finished, loop, traced=True)
+        inline = self.run(instance, requests, timing, finished, loop, traced=True, gated=True)
         if inline is not None:
             stamp(inline)
         return inline
