@@ -166,6 +166,19 @@ def _longest_match(entries: Mapping[str, Any], url: str) -> str | None:
     return max(matching, key=len) if matching else None
 
 
+def _entry_fields(found: tuple[str, str, Any], names: tuple[str, ...]) -> tuple[str, dict[str, str | None]]:
+    """Where a credential-file entry came from (for messages), and its string fields ``names`` (None when absent
+    or empty). Raises SyncError(CREDENTIALS) for an entry that is not an object or a field that is not a string."""
+    path, prefix, entry = found
+    origin = f'TRITON_CLOUD_CREDENTIAL_PATH {path} entry "{prefix}"'
+    if not isinstance(entry, dict):
+        raise SyncError(SourceProblem.CREDENTIALS, f"{origin} is not a JSON object")
+    for name in names:
+        if name in entry and not isinstance(entry[name], str):
+            raise SyncError(SourceProblem.CREDENTIALS, f'{origin}: "{name}" is not a string')
+    return origin, {name: entry.get(name) or None for name in names}
+
+
 def _entry(env: Mapping[str, str], kind: str, url: str) -> tuple[str, str, Any] | None:
     """(file, prefix, entry) from the credential file for ``url``; None when the file is not in use."""
     loaded = _credential_file(env)
@@ -196,14 +209,7 @@ def s3_credentials(url: str, env: Mapping[str, str]) -> S3Credentials:
         }
         origin = "the environment"
     else:
-        path, prefix, entry = found
-        origin = f'TRITON_CLOUD_CREDENTIAL_PATH {path} entry "{prefix}"'
-        if not isinstance(entry, dict):
-            raise SyncError(SourceProblem.CREDENTIALS, f"{origin} is not a JSON object")
-        for name in _S3_FIELDS:
-            if name in entry and not isinstance(entry[name], str):
-                raise SyncError(SourceProblem.CREDENTIALS, f'{origin}: "{name}" is not a string')
-        fields = {name: entry.get(name) or None for name in _S3_FIELDS}
+        origin, fields = _entry_fields(found, _S3_FIELDS)
         fields["region"] = fields["region"] or region
     key_id, secret_key = fields["key_id"], fields["secret_key"]
     if bool(key_id) != bool(secret_key):
@@ -290,14 +296,7 @@ def azure_credentials(url: str, env: Mapping[str, str]) -> AzureCredentials:
         fields = {name: env.get(variable) or None for name, variable in _AZURE_FIELDS.items()}
         origin = "the environment (AZURE_STORAGE_*)"
     else:
-        path, prefix, entry = found
-        origin = f'TRITON_CLOUD_CREDENTIAL_PATH {path} entry "{prefix}"'
-        if not isinstance(entry, dict):
-            raise SyncError(SourceProblem.CREDENTIALS, f"{origin} is not a JSON object")
-        for name in _AZURE_FIELDS:
-            if name in entry and not isinstance(entry[name], str):
-                raise SyncError(SourceProblem.CREDENTIALS, f'{origin}: "{name}" is not a string')
-        fields = {name: entry.get(name) or None for name in _AZURE_FIELDS}
+        origin, fields = _entry_fields(found, tuple(_AZURE_FIELDS))
     auth_type = fields["auth_type"] or "key"
     if auth_type not in AZURE_AUTH_TYPES:
         raise SyncError(
